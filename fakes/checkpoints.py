@@ -1,0 +1,55 @@
+"""Checkpoint writers: real safetensors files (single or sharded with an index) in a folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def write_checkpoint(
+    state: Mapping[str, torch.Tensor],
+    folder: Path,
+    *,
+    shards: int = 1,
+    stem: str = "model",
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write `state` as safetensors into `folder`.
+
+    Args:
+        state: tensors by name (moved to CPU, made contiguous).
+        folder: created if missing.
+        shards: 1 writes `<stem>.safetensors`; more writes `<stem>-0000i-of-0000n.safetensors`
+            files (names spread round-robin in insertion order) plus
+            `<stem>.safetensors.index.json`.
+        metadata: the files' `__metadata__`.
+
+    Returns:
+        The path a loader should be given: the single file, or the index.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    meta = dict(metadata or {})
+    if shards == 1:
+        path = folder / f"{stem}.safetensors"
+        save_file(tensors, str(path), metadata=meta)
+        return path
+    names = list(tensors)
+    weight_map: dict[str, str] = {}
+    for i in range(shards):
+        shard_name = f"{stem}-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i::shards]}
+        save_file(part, str(folder / shard_name), metadata=meta)
+        weight_map.update({n: shard_name for n in part})
+    index = folder / f"{stem}.safetensors.index.json"
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index.write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
+    return index

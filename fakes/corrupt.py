@@ -1,0 +1,233 @@
+"""A corpus of bad checkpoints, generated into a folder (never committed as binaries).
+
+Each case writes one broken checkpoint and says what a loader must answer: the file and entry the
+error names, and words of the message. Valid input is built with safetensors itself, then broken
+by editing header bytes, lengths, offsets or the index.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fakes.checkpoints import write_checkpoint
+
+
+@dataclass(frozen=True)
+class BadCheckpoint:
+    """One corpus entry, written.
+
+    Attributes:
+        case: the corpus entry's name.
+        path: what to hand the loader (file, index or folder).
+        file: the file name the error must name.
+        entry: the tensor or field the error must name, or None for the whole file.
+        words: a fragment of the expected message.
+    """
+
+    case: str
+    path: Path
+    file: str
+    entry: str | None
+    words: str
+
+
+def small_state() -> dict[str, torch.Tensor]:
+    """Three tensors of distinct dtypes: the valid starting point of every case."""
+    g = torch.Generator().manual_seed(7)
+    return {
+        "proj.weight": torch.randn(8, 4, generator=g),
+        "proj.bias": torch.randn(8, generator=g),
+        "norm.weight": torch.ones(4, dtype=torch.bfloat16),
+    }
+
+
+def split(path: Path) -> tuple[dict[str, object], bytes]:
+    """A valid file's header (as JSON) and its data section."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def join(header: dict[str, object] | bytes, data: bytes) -> bytes:
+    """Bytes of a file from a header (JSON object or raw bytes) and a data section."""
+    encoded = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+def _valid(folder: Path) -> Path:
+    return write_checkpoint(small_state(), folder)
+
+
+def _rewrite(folder: Path, edit: Callable[[dict[str, object], bytes], bytes]) -> Path:
+    path = _valid(folder)
+    header, data = split(path)
+    path.write_bytes(edit(header, data))
+    return path
+
+
+def _entry(header: dict[str, object], name: str) -> dict[str, object]:
+    value = header[name]
+    assert isinstance(value, dict)
+    return value
+
+
+def _empty(folder: Path) -> BadCheckpoint:
+    path = folder / "model.safetensors"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return BadCheckpoint("empty-file", path, path.name, None, "8-byte header length")
+
+
+def _truncated_header(folder: Path) -> BadCheckpoint:
+    path = _valid(folder)
+    path.write_bytes(path.read_bytes()[:40])
+    return BadCheckpoint("truncated-in-header", path, path.name, None, "exceeds the file")
+
+
+def _truncated_data(folder: Path) -> BadCheckpoint:
+    path = _valid(folder)
+    header, _data = split(path)
+    ends = {k: _entry(header, k)["data_offsets"] for k in header if k != "__metadata__"}
+    last = max(ends, key=lambda k: ends[k][1])  # type: ignore[index]
+    path.write_bytes(path.read_bytes()[:-3])
+    return BadCheckpoint("truncated-in-data", path, path.name, last, "end beyond the data section")
+
+
+def _header_too_long(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: struct.pack("<Q", 10**9) + join(h, d)[8:])
+    return BadCheckpoint("header-length-beyond-file", path, path.name, None, "exceeds the file")
+
+
+def _not_json(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(b"{not json at all", d))
+    return BadCheckpoint("header-not-json", path, path.name, None, "not valid JSON")
+
+
+def _json_list(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(b"[1, 2, 3]", d))
+    return BadCheckpoint("header-json-wrong-shape", path, path.name, None, "must be a JSON object")
+
+
+def _entry_not_object(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        h["proj.bias"] = [0, 32]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("entry-wrong-shape", path, path.name, "proj.bias", "must be an object")
+
+
+def _offsets_outside(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        _entry(h, "proj.bias")["data_offsets"] = [len(d) + 8, len(d) + 40]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint(
+        "offsets-outside-data", path, path.name, "proj.bias", "end beyond the data section"
+    )
+
+
+def _offsets_overlap(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        weight = _entry(h, "proj.weight")["data_offsets"]
+        assert isinstance(weight, list)
+        _entry(h, "proj.bias")["data_offsets"] = [weight[0], weight[0] + 32]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint(
+        "offsets-overlap", path, path.name, "proj.weight", "overlaps tensor 'proj.bias'"
+    )
+
+
+def _offsets_wrong_size(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        _entry(h, "proj.bias")["shape"] = [9]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("offsets-not-shape-x-dtype", path, path.name, "proj.bias", "needs 36")
+
+
+def _unknown_dtype(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        _entry(h, "norm.weight")["dtype"] = "F12"
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("unknown-dtype", path, path.name, "norm.weight", "unknown dtype 'F12'")
+
+
+def _name_in_two_shards(folder: Path) -> BadCheckpoint:
+    folder.mkdir(parents=True, exist_ok=True)
+    state = small_state()
+    write_checkpoint(state, folder, stem="part-a")
+    write_checkpoint({"proj.bias": state["proj.bias"]}, folder, stem="part-b")
+    return BadCheckpoint(
+        "name-in-two-shards", folder, "part-b.safetensors", "proj.bias", "also present in"
+    )
+
+
+def _index_missing_shard(folder: Path) -> BadCheckpoint:
+    index = write_checkpoint(small_state(), folder, shards=2)
+    missing = json.loads(index.read_text())["weight_map"]["proj.bias"]
+    (folder / missing).unlink()
+    return BadCheckpoint(
+        "index-names-missing-shard", index, index.name, "proj.bias", "does not exist"
+    )
+
+
+def _index_disagrees(folder: Path) -> BadCheckpoint:
+    index = write_checkpoint(small_state(), folder, shards=2)
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["extra.weight"] = raw["weight_map"]["proj.weight"]
+    index.write_text(json.dumps(raw))
+    return BadCheckpoint(
+        "index-disagrees-with-shards", index, index.name, "extra.weight", "header lacks it"
+    )
+
+
+def _index_not_json(folder: Path) -> BadCheckpoint:
+    index = write_checkpoint(small_state(), folder, shards=2)
+    index.write_text("{")
+    return BadCheckpoint("index-not-json", index, index.name, None, "index is not valid JSON")
+
+
+def _pickle(folder: Path) -> BadCheckpoint:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "pytorch_model.bin"
+    path.write_bytes(pickle.dumps({"proj.weight": [1.0, 2.0]}))
+    return BadCheckpoint("pickle-bin", path, path.name, None, "pickle checkpoint")
+
+
+CASES: dict[str, Callable[[Path], BadCheckpoint]] = {
+    "empty-file": _empty,
+    "truncated-in-header": _truncated_header,
+    "truncated-in-data": _truncated_data,
+    "header-length-beyond-file": _header_too_long,
+    "header-not-json": _not_json,
+    "header-json-wrong-shape": _json_list,
+    "entry-wrong-shape": _entry_not_object,
+    "offsets-outside-data": _offsets_outside,
+    "offsets-overlap": _offsets_overlap,
+    "offsets-not-shape-x-dtype": _offsets_wrong_size,
+    "unknown-dtype": _unknown_dtype,
+    "name-in-two-shards": _name_in_two_shards,
+    "index-names-missing-shard": _index_missing_shard,
+    "index-disagrees-with-shards": _index_disagrees,
+    "index-not-json": _index_not_json,
+    "pickle-bin": _pickle,
+}
+
+
+def write_bad_checkpoint(case: str, folder: Path) -> BadCheckpoint:
+    """Write corpus entry `case` into `folder` (created) and describe the expected error."""
+    return CASES[case](folder)

@@ -1,0 +1,169 @@
+"""The suite's one seam: a loader under test is reached only through a `LoaderAdapter`.
+
+Contract tests never import the reference loader directly; they call the adapter the `loader`
+fixture hands them. An adapter declares which capabilities it implements; tests of capabilities it
+does not declare are skipped with that reason, and every MUST rule of a declared capability runs.
+
+Values cross the seam in neutral terms (torch devices, `QuantizationSpec`, tensors, modules, file
+paths), so another loader's adapter converts to and from its own types at this boundary only.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from reference import plan as plan_mod
+from reference.quantization import QuantizationSpec, requires_device_weight_processing
+
+# Capability names. A test names the one it needs with @pytest.mark.capability(NAME).
+PLANS = "plans"
+ZERO_COPY = "zero_copy"
+DIRECT_DIT = "direct_dit"
+FP8_DEFER = "fp8_defer"
+TENSOR_PARALLEL = "tensor_parallel"
+VAE_STREAM = "vae_stream"
+CLI_ARGS = "cli_args"
+ADMISSION = "admission"
+PIPELINES = "pipelines"
+CHECKPOINT_SAFETY = "checkpoint_safety"
+ALL_CAPABILITIES = frozenset(
+    {
+        PLANS,
+        ZERO_COPY,
+        DIRECT_DIT,
+        FP8_DEFER,
+        TENSOR_PARALLEL,
+        VAE_STREAM,
+        CLI_ARGS,
+        ADMISSION,
+        PIPELINES,
+        CHECKPOINT_SAFETY,
+    }
+)
+
+
+@runtime_checkable
+class PlanLike(Protocol):
+    """What the suite reads from a loader's plan. It must be immutable (assignment raises)."""
+
+    @property
+    def checkpoint_load_device(self) -> torch.device: ...
+    @property
+    def weight_postprocess_device(self) -> torch.device | None: ...
+    @property
+    def defer_cpu_offload(self) -> bool: ...
+    @property
+    def load_full_state_dict_on_device(self) -> bool: ...
+
+
+@runtime_checkable
+class LoaderAdapter(Protocol):
+    """A loader under test, as the suite sees it.
+
+    Invariants every adapter keeps:
+      * `capabilities` is a subset of ALL_CAPABILITIES and does not change during a run;
+      * a method belonging to an undeclared capability is never called by the suite;
+      * refusals raise (ValueError subclasses unless a rule says otherwise); nothing is returned
+        half-done.
+    """
+
+    name: str
+    capabilities: frozenset[str]
+
+    # --- plans (PLAN, DEV, FP8-1) -------------------------------------------------------------
+    def plan_for_component(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        needs_device_weight_postprocess: bool,
+        component_cpu_offload: bool,
+        load_full_state_dict_on_device: bool = False,
+    ) -> PlanLike:
+        """The plan of one component (PLAN-2). Raises ValueError for a contradictory plan."""
+        ...
+
+    def default_plan(self, runtime_device: torch.device) -> PlanLike:
+        """The plan used when none is given (PLAN-4)."""
+        ...
+
+    def make_plan(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        weight_postprocess_device: torch.device | None,
+        defer_cpu_offload: bool,
+        load_full_state_dict_on_device: bool,
+    ) -> PlanLike:
+        """A plan from explicit fields. Raises ValueError when they contradict (PLAN-3)."""
+        ...
+
+    def resolve_checkpoint_load_device(
+        self,
+        runtime_device: torch.device,
+        *,
+        component_cpu_offload: bool,
+        quantization: QuantizationSpec | None,
+    ) -> torch.device:
+        """Where a component's checkpoint lands (DEV-1, DEV-2)."""
+        ...
+
+    def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
+        """Whether loaded weights need processing on the device (FP8-1)."""
+        ...
+
+
+class ReferenceAdapter:
+    """The reference loader behind the seam. It declares every capability it implements."""
+
+    name = "reference"
+    capabilities: frozenset[str] = frozenset({PLANS})
+
+    # --- plans --------------------------------------------------------------------------------
+    def plan_for_component(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        needs_device_weight_postprocess: bool,
+        component_cpu_offload: bool,
+        load_full_state_dict_on_device: bool = False,
+    ) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan.for_component(
+            checkpoint_load_device=checkpoint_load_device,
+            needs_device_weight_postprocess=needs_device_weight_postprocess,
+            component_cpu_offload=component_cpu_offload,
+            load_full_state_dict_on_device=load_full_state_dict_on_device,
+        )
+
+    def default_plan(self, runtime_device: torch.device) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan.default(runtime_device)
+
+    def make_plan(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        weight_postprocess_device: torch.device | None,
+        defer_cpu_offload: bool,
+        load_full_state_dict_on_device: bool,
+    ) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan(
+            checkpoint_load_device=checkpoint_load_device,
+            weight_postprocess_device=weight_postprocess_device,
+            defer_cpu_offload=defer_cpu_offload,
+            load_full_state_dict_on_device=load_full_state_dict_on_device,
+        )
+
+    def resolve_checkpoint_load_device(
+        self,
+        runtime_device: torch.device,
+        *,
+        component_cpu_offload: bool,
+        quantization: QuantizationSpec | None,
+    ) -> torch.device:
+        return plan_mod.resolve_checkpoint_load_device(
+            runtime_device, component_cpu_offload=component_cpu_offload, quantization=quantization
+        )
+
+    def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
+        return requires_device_weight_processing(quantization)

@@ -1,0 +1,55 @@
+"""Error types of the loading contract.
+
+Every refusal is one of these, so callers (and the conformance suite) can tell a refused request
+from a bug. Messages name the component, tensor, flag or file involved and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class LoadError(Exception):
+    """Base of every error the reference loader raises on purpose."""
+
+
+class PlanError(LoadError, ValueError):
+    """A weight-load plan contradicts itself (PLAN-3)."""
+
+
+class ComponentCheckpointUnsupportedError(LoadError, ValueError):
+    """An explicit loading request that this loader cannot honour exactly (ADM-5).
+
+    Raised before any fallback could run. Fallback paths must never catch it: an explicit request
+    is honoured or refused, never silently downgraded.
+    """
+
+
+class CheckpointError(LoadError, ValueError):
+    """A checkpoint file is missing, malformed, or disagrees with its index (CKPT-1..4).
+
+    Attributes:
+        file: the file at fault.
+        entry: the tensor name (or header field) at fault, or None for the whole file.
+    """
+
+    def __init__(self, file: str, entry: str | None, problem: str) -> None:
+        where = f"{file}" if entry is None else f"{file} [{entry}]"
+        super().__init__(f"{where}: {problem}")
+        self.file = file
+        self.entry = entry
+        self.problem = problem
+
+
+class StateMismatchError(LoadError, ValueError):
+    """Checkpoint tensors and the module's slots do not match (names, shapes, duplicates)."""
+
+
+class StateDictABIError(LoadError, ValueError):
+    """A module departs from the standard torch state-dict machinery (VAE-2, VAE-3, VAE-6)."""
+
+
+class QuantizationLoadError(LoadError, RuntimeError):
+    """Quantized loading was requested and failed; no unquantized fallback is attempted (FP8-5)."""
+
+
+class DeviceMemoryError(LoadError, RuntimeError):
+    """Direct loading would not fit in the device's free memory (DG-6)."""

@@ -1,0 +1,59 @@
+"""The one place that asks the machine about CUDA.
+
+Contract functions take a `Platform` argument instead of calling `torch.cuda` themselves, so tests
+can pass a fake platform (CUDA present or not, any amount of free memory) and the real one is used
+only at the edges (command line, GPU tier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Platform(Protocol):
+    """Facts about the machine that loading decisions depend on."""
+
+    def cuda_available(self) -> bool:
+        """Whether a CUDA device can be used."""
+        ...
+
+    def device_count(self) -> int:
+        """Number of visible CUDA devices (0 without CUDA)."""
+        ...
+
+    def free_device_memory(self, device: torch.device) -> int:
+        """Free bytes on `device` right now. Raises ValueError for a non-CUDA device."""
+        ...
+
+
+@dataclass(frozen=True)
+class SystemPlatform:
+    """The real machine, as torch sees it."""
+
+    def cuda_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def free_device_memory(self, device: torch.device) -> int:
+        if device.type != "cuda":
+            raise ValueError(f"free_device_memory needs a cuda device, got {device}")
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+
+
+SYSTEM = SystemPlatform()
+
+
+def describe(platform: Platform = SYSTEM) -> str:
+    """One line naming torch, its CUDA build and the visible devices (for reports and errors)."""
+    cuda_build = torch.version.cuda or "none (CPU-only build)"
+    return (
+        f"torch {torch.__version__}, CUDA build {cuda_build}, "
+        f"cuda available: {platform.cuda_available()}, visible devices: {platform.device_count()}"
+    )

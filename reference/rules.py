@@ -1,0 +1,223 @@
+"""The rule catalogue: every rule of the loading contract, with its ID, level and origin.
+
+This table is the single source: the test plugin validates `@pytest.mark.rule(...)` IDs against it,
+the conformance report lists every rule in it, and `python -m reference rules` prints it.
+`upstream` rules restate what the upstream diffusion loader does; `beyond` rules close a gap it
+leaves open. MUST rules of a declared capability admit no escape; SHOULD rules are advice a
+loader may knowingly decline (declared as expectations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Level = Literal["MUST", "SHOULD"]
+Origin = Literal["upstream", "beyond"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the contract."""
+
+    id: str
+    level: Level
+    origin: Origin
+    title: str
+
+    @property
+    def section(self) -> str:
+        return self.id.split("-", 1)[0]
+
+
+M: Level = "MUST"
+S: Level = "SHOULD"
+U: Origin = "upstream"
+B: Origin = "beyond"
+
+RULES: tuple[Rule, ...] = (
+    # PLAN: the weight-load plan
+    Rule("PLAN-1", M, U, "A plan is a frozen value, fixed per component before any byte is read"),
+    Rule("PLAN-2", M, U, "for_component derives post-process device and deferral from its inputs"),
+    Rule("PLAN-3", M, B, "Self-contradictory plans are refused when constructed"),
+    Rule("PLAN-4", M, U, "No plan given means the default plan: runtime device, all flags off"),
+    # DEV: where the checkpoint lands
+    Rule("DEV-1", M, U, "Offloaded unquantized components load their checkpoint on CPU"),
+    Rule("DEV-2", M, U, "Quantized or resident components load on the runtime device"),
+    Rule("DEV-3", M, U, "All four offload x quantized combinations are pinned"),
+    # ZC: zero-copy adoption of CPU checkpoint tensors
+    Rule("ZC-1", M, U, "Adoption needs the checkpoint tensor on CPU"),
+    Rule("ZC-2", M, U, "Adoption needs a bound-method weight_loader on the parameter"),
+    Rule("ZC-3", M, U, "Adoption needs a standard linear owner using its own weight loader"),
+    Rule("ZC-4", M, U, "Adoption needs the owner's quant method to be the unquantized one"),
+    Rule("ZC-5", M, U, "Adoption needs tp_size == 1 (read at call time) for parallel owners"),
+    Rule("ZC-6", M, U, "Adoption needs the parameter's type to be exactly nn.Parameter"),
+    Rule(
+        "ZC-7",
+        M,
+        U,
+        "Adoption is refused for is_metadata / is_sharded_weight / needs_scalar_to_array",
+    ),
+    Rule("ZC-8", M, U, "Adoption needs equal shape, dtype, layout and strides"),
+    Rule(
+        "ZC-9",
+        M,
+        U,
+        "An adopted parameter keeps its attributes, has requires_grad False, equals the file",
+    ),
+    Rule(
+        "ZC-10",
+        M,
+        U,
+        "Refused tensors are copied by the layer's own weight_loader; its asserts are named",
+    ),
+    Rule("ZC-11", M, U, "Parameters without weight_loader take the tensor as is after conversion"),
+    Rule("ZC-12", M, B, "Adopted parameters never alias each other unless the model ties them"),
+    Rule("ZC-13", M, B, "Writing to an adopted parameter never changes the checkpoint file"),
+    Rule(
+        "ZC-14", S, B, "The load report counts adopted vs copied and names each refusal's condition"
+    ),
+    # DG: opt-in direct-GPU loading of the DiT
+    Rule(
+        "DG-1",
+        M,
+        U,
+        "--direct-gpu-weight-loading is off by default; bare/true/false parse; else error",
+    ),
+    Rule("DG-2", M, U, "Direct DiT loading needs CUDA, residency, no FSDP and tp_size 1"),
+    Rule(
+        "DG-3",
+        M,
+        U,
+        "Direct DiT loading of a quantized checkpoint is refused with the no-fallback error",
+    ),
+    Rule("DG-4", M, U, "Direct mode loads on the runtime device, skipping the CPU pre-read"),
+    Rule(
+        "DG-5", M, B, "Direct mode adopts eligible device tensors: peak <= model + largest tensor"
+    ),
+    Rule("DG-6", S, B, "Direct mode checks free device memory before any byte moves"),
+    Rule("DG-7", M, B, "The DiT flag covers, and checks residency of, every transformer component"),
+    # FP8: online quantization and deferred CPU offload
+    Rule(
+        "FP8-1",
+        M,
+        U,
+        "Online fp8/mxfp4 need device weight processing; serialized/unknown/None do not",
+    ),
+    Rule(
+        "FP8-2",
+        M,
+        U,
+        "Offloaded components needing processing: load -> process on device -> offload",
+    ),
+    Rule(
+        "FP8-3",
+        M,
+        U,
+        "Online FP8 keeps CPU offload (deferred); serialized ModelOpt FP8 disables it",
+    ),
+    Rule(
+        "FP8-4", M, U, "With FSDP the post-process override is dropped with a warning; no deferral"
+    ),
+    Rule("FP8-5", M, U, "A failed quantized load raises; never an unquantized fallback"),
+    Rule("FP8-6", M, B, "After deferral every tensor is on CPU with processed values bit-exact"),
+    # ARGS: command line and server arguments
+    Rule(
+        "ARGS-1",
+        M,
+        U,
+        "--component-direct-gpu-weight-loading.<name> parses in every documented form",
+    ),
+    Rule(
+        "ARGS-2",
+        M,
+        B,
+        "Bad values, empty names and conflicting spellings are errors naming the flag",
+    ),
+    Rule("ARGS-3", M, U, "Unrelated arguments are left untouched and in order"),
+    Rule("ARGS-4", M, U, "Programmatic construction validates names and real bools"),
+    Rule("ARGS-5", M, U, "should_direct_gpu_weight_load_component answers by normalised name"),
+    # ADM: three-layer admission
+    Rule(
+        "ADM-1",
+        M,
+        U,
+        "Pipeline gate: selected components must be declared; all unknown ones listed",
+    ),
+    Rule("ADM-2", M, U, "Arguments gate: a selected component needs CUDA and residency"),
+    Rule("ADM-3", M, U, "Loader gate: unsupported requests refused first thing in load()"),
+    Rule("ADM-4", S, B, "One rule table serves all three gates"),
+    Rule("ADM-5", M, U, "The no-fallback error is a ValueError that no fallback path catches"),
+    Rule("ADM-6", M, U, "With no flag set every component loads as it would without the feature"),
+    # VAE: meta construction and per-tensor streaming
+    Rule(
+        "VAE-1",
+        M,
+        U,
+        "Direct VAE: built on meta, streamed tensor by tensor, no full CPU state dict",
+    ),
+    Rule("VAE-2", M, U, "The state-dict functions must be torch.nn.Module's own (identity check)"),
+    Rule(
+        "VAE-3",
+        M,
+        B,
+        "The ABI check covers every submodule and user hooks; torch's own count as standard",
+    ),
+    Rule("VAE-4", M, U, "Slots are parameters and persistent buffers only"),
+    Rule("VAE-5", M, U, "State-dict keys must equal the slots; the error lists the difference"),
+    Rule("VAE-6", M, U, "Tied parameters or buffers are refused, naming them"),
+    Rule(
+        "VAE-7", M, U, "Duplicate, unknown and wrong-shape tensors refused by name; dtype converted"
+    ),
+    Rule("VAE-8", M, U, "Missing slots are refused (listed); nothing is left on meta"),
+    Rule(
+        "VAE-9",
+        M,
+        B,
+        "Non-persistent buffers are real after a direct load, or the load fails naming them",
+    ),
+    Rule("VAE-10", M, U, "requires_grad is kept; integer and float8 tensors never require grad"),
+    Rule(
+        "VAE-11",
+        M,
+        U,
+        "channels_last_3d and decode dtype apply to streamed modules as to ordinary ones",
+    ),
+    Rule(
+        "VAE-12",
+        M,
+        U,
+        "Quantized VAE checkpoints and custom-code auto_map are refused in direct mode",
+    ),
+    Rule("VAE-13", M, U, "The CPU target branch works as well as the CUDA branch"),
+    # CKPT: checkpoints and bad input
+    Rule("CKPT-1", M, B, "Only safetensors is read; nothing from a checkpoint executes"),
+    Rule("CKPT-2", M, B, "Sharded checkpoints load; index and shards must agree"),
+    Rule(
+        "CKPT-3", M, B, "Header names, shapes and dtypes are checked before any tensor data is read"
+    ),
+    Rule(
+        "CKPT-4",
+        M,
+        B,
+        "Corrupt input is a clear error naming file and entry; never a crash or hang",
+    ),
+    Rule("CKPT-5", M, B, "load() returns a complete component or raises; files are never written"),
+)
+
+BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
+
+
+def get(rule_id: str) -> Rule:
+    """Return the rule with this ID.
+
+    Raises:
+        KeyError: naming the unknown ID and the known sections.
+    """
+    try:
+        return BY_ID[rule_id]
+    except KeyError:
+        sections = sorted({rule.section for rule in RULES})
+        raise KeyError(
+            f"unknown rule {rule_id!r}: IDs look like PLAN-1; sections are {', '.join(sections)}"
+        ) from None
