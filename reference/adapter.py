@@ -113,12 +113,19 @@ class LoaderAdapter(Protocol):
         """Whether loaded weights need processing on the device (FP8-1)."""
         ...
 
+    # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP (ZC, DG-4/5, FP8-2..6) ---------
+
+    # --- VAE: slots, preflight, streaming (VAE, CKPT-2/3) --------------------------------------
+
+    # --- arguments and admission (ARGS, DG-1..3/6/7, ADM) --------------------------------------
+
 
 class ReferenceAdapter:
     """The reference loader behind the seam. It declares every capability it implements."""
 
     name = "reference"
     capabilities: frozenset[str] = frozenset({PLANS})
+    # Each part below adds the capabilities it implements to `capabilities` in its own section.
 
     # --- plans --------------------------------------------------------------------------------
     def plan_for_component(
@@ -167,3 +174,23 @@ class ReferenceAdapter:
 
     def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
         return requires_device_weight_processing(quantization)
+
+    # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP ---------------------------------
+
+    # --- VAE: slots, preflight, streaming ------------------------------------------------------
+
+    # --- arguments and admission ---------------------------------------------------------------
+
+
+# DiT capabilities of the reference (section owner adds them here).
+_DIT_CAPABILITIES: frozenset[str] = frozenset()
+
+# VAE capabilities of the reference (section owner adds them here).
+_VAE_CAPABILITIES: frozenset[str] = frozenset()
+
+# Arguments/admission capabilities of the reference (section owner adds them here).
+_ADMISSION_CAPABILITIES: frozenset[str] = frozenset()
+
+ReferenceAdapter.capabilities = (
+    ReferenceAdapter.capabilities | _DIT_CAPABILITIES | _VAE_CAPABILITIES | _ADMISSION_CAPABILITIES
+)

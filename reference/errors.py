@@ -39,6 +39,10 @@ class CheckpointError(LoadError, ValueError):
         self.problem = problem
 
 
+class ArgumentError(LoadError, ValueError):
+    """Loading options that are malformed or cannot be honoured together (ARGS, DG-2, ADM-2)."""
+
+
 class StateMismatchError(LoadError, ValueError):
     """Checkpoint tensors and the module's slots do not match (names, shapes, duplicates)."""
 

@@ -1,0 +1,69 @@
+"""The load report: what happened to each tensor of one component, as a value (ZC-14).
+
+Loaders return a `LoadReport` beside the loaded module; the command line prints it and the suite
+asserts on it. Nothing here is a log line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reference.plan import WeightLoadPlan
+
+# adopted: the checkpoint tensor became the parameter's storage (no copy)
+# copied: a fresh tensor was filled by the layer's weight_loader (or a plain copy)
+# streamed: read on its own and assigned into its slot (direct VAE loading)
+How = Literal["adopted", "copied", "streamed"]
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One checkpoint tensor's fate.
+
+    Attributes:
+        name: the parameter or buffer name.
+        how: adopted, copied or streamed.
+        nbytes: bytes of the resulting tensor.
+        reason: for a copy, the first failing zero-copy condition (e.g. "ZC-5: tp_size is 2").
+    """
+
+    name: str
+    how: How
+    nbytes: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Per-component summary of one load."""
+
+    component: str
+    plan: WeightLoadPlan
+    records: tuple[TensorRecord, ...] = ()
+    seconds: float = 0.0
+    events: tuple[str, ...] = field(default=())
+
+    def _count(self, how: How) -> tuple[int, int]:
+        chosen = [r for r in self.records if r.how == how]
+        return len(chosen), sum(r.nbytes for r in chosen)
+
+    @property
+    def adopted(self) -> tuple[int, int]:
+        """(tensors, bytes) adopted without a copy."""
+        return self._count("adopted")
+
+    @property
+    def copied(self) -> tuple[int, int]:
+        """(tensors, bytes) copied."""
+        return self._count("copied")
+
+    @property
+    def streamed(self) -> tuple[int, int]:
+        """(tensors, bytes) streamed into slots."""
+        return self._count("streamed")
+
+    @property
+    def refusals(self) -> dict[str, str]:
+        """Why each copied tensor was not adopted, by name."""
+        return {r.name: r.reason for r in self.records if r.how == "copied" and r.reason}
