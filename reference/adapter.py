@@ -125,7 +125,6 @@ class ReferenceAdapter:
 
     name = "reference"
     capabilities: frozenset[str] = frozenset({PLANS})
-    # Each part below adds the capabilities it implements to `capabilities` in its own section.
 
     # --- plans --------------------------------------------------------------------------------
     def plan_for_component(
