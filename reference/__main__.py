@@ -1,4 +1,4 @@
-"""Command line: `python -m reference demo | rules`."""
+"""Command line: `python -m reference demo | rules | report`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from reference.matrix import report_command
 from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 from reference.rules import RULES
@@ -56,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="load a small demo pipeline in each mode and print the tables")
     sub.add_parser("rules", help="print the rule catalogue")
+    merge = sub.add_parser("report", help="merge conformance reports into one Markdown matrix")
+    merge.add_argument("reports", nargs="+", metavar="REPORT.json")
+    merge.add_argument("--out", metavar="FILE", help="write the matrix to FILE, not stdout")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        return report_command(args.reports, out=args.out)
     return {"demo": demo, "rules": rules}[args.command]()
 
 

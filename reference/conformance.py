@@ -1,11 +1,13 @@
 """The conformance report: per-rule status from per-test outcomes (schema `loader-conformance/1`).
 
 Rule status, from the outcomes of the tests that name the rule:
-  failed   any of them failed or errored (an unexpected pass of an expected failure counts);
+  failed   any of them failed or errored; or the adopter expected the rule to fail, none of its
+           tests failed and at least one passed (an unexpected pass, reason `XPASS(strict): ...`);
   xfailed  none failed and at least one failed as the adopter expected;
   passed   none failed, at least one passed, the rest skipped;
   skipped  all were skipped (the report keeps the first reason);
   untested no test names the rule.
+Rules the adopter expects to fail carry their reason under `expected` (see reference.expectations).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Literal
 from reference.rules import BY_ID, RULES, get
 
 SCHEMA = "loader-conformance/1"
+XPASS = "XPASS(strict)"
 Outcome = Literal["passed", "failed", "skipped", "xfailed"]
 _PRECEDENCE: tuple[Outcome, ...] = ("failed", "xfailed", "passed", "skipped")
 
@@ -33,30 +36,54 @@ class TestOutcome:
     reason: str = ""
 
 
-def rule_statuses(outcomes: Iterable[TestOutcome]) -> dict[str, dict[str, Any]]:
+def rule_statuses(
+    outcomes: Iterable[TestOutcome], expected: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Status of every catalogue rule from test outcomes.
 
+    Args:
+        outcomes: the final outcome of each test.
+        expected: rule IDs the adopter expects to fail on this device, with reasons.
+
     Raises:
-        KeyError: when an outcome names a rule the catalogue lacks.
+        KeyError: when an outcome or `expected` names a rule the catalogue lacks.
     """
+    expected = dict(expected or {})
+    for rule_id in expected:
+        get(rule_id)
     by_rule: dict[str, list[TestOutcome]] = {rule.id: [] for rule in RULES}
     for outcome in outcomes:
         for rule_id in outcome.rules:
             by_rule[get(rule_id).id].append(outcome)
     statuses: dict[str, dict[str, Any]] = {}
     for rule_id, tests in by_rule.items():
-        if not tests:
-            statuses[rule_id] = {"status": "untested", "tests": []}
-            continue
-        seen = {t.outcome for t in tests}
-        status = next(o for o in _PRECEDENCE if o in seen)
-        entry: dict[str, Any] = {"status": status, "tests": sorted(t.nodeid for t in tests)}
-        if status in ("skipped", "xfailed", "failed"):
-            reasons = [t.reason for t in tests if t.outcome == status and t.reason]
-            if reasons:
-                entry["reason"] = reasons[0]
+        entry: dict[str, Any] = {"status": "untested", "tests": sorted(t.nodeid for t in tests)}
+        if tests:
+            seen = {t.outcome for t in tests}
+            entry["status"] = next(o for o in _PRECEDENCE if o in seen)
+            if entry["status"] in ("skipped", "xfailed", "failed"):
+                reasons = [t.reason for t in tests if t.outcome == entry["status"] and t.reason]
+                if reasons:
+                    entry["reason"] = reasons[0]
+        if rule_id in expected:
+            entry["expected"] = expected[rule_id]
+            if entry["status"] == "passed":
+                entry["status"] = "failed"
+                entry["reason"] = (
+                    f"{XPASS}: expected to fail ({expected[rule_id]}) but no test of it failed;"
+                    " remove it from the expectations"
+                )
         statuses[rule_id] = entry
     return statuses
+
+
+def unexpected_passes(report: Mapping[str, Any]) -> list[str]:
+    """IDs of the rules expected to fail that passed instead (each fails the run)."""
+    return [
+        rule_id
+        for rule_id, entry in report["rules"].items()
+        if entry["status"] == "failed" and str(entry.get("reason", "")).startswith(XPASS)
+    ]
 
 
 def build_report(
@@ -66,8 +93,20 @@ def build_report(
     capabilities: Iterable[str],
     device: str,
     outcomes: Iterable[TestOutcome],
+    expected: Mapping[str, str] | None = None,
+    expectations_source: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready report of one run."""
+    """The JSON-ready report of one run.
+
+    Args:
+        loader_name: the adapter's name.
+        loader_source: how the adapter was chosen.
+        capabilities: the capabilities it declares.
+        device: the runtime device of the run.
+        outcomes: the final outcome of each test.
+        expected: rules expected to fail on this device, with reasons (see rule_statuses).
+        expectations_source: the expectations file they came from, if any.
+    """
     return {
         "schema": SCHEMA,
         "loader": {
@@ -76,7 +115,8 @@ def build_report(
             "capabilities": sorted(capabilities),
         },
         "device": device,
-        "rules": rule_statuses(outcomes),
+        "expectations": {"source": expectations_source, "rules": dict(expected or {})},
+        "rules": rule_statuses(outcomes, expected),
     }
 
 
@@ -97,7 +137,41 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     for section, groups in sections.items():
         parts = [f"{status} {','.join(numbers)}" for status, numbers in sorted(groups.items())]
         lines.append(f"  {section:<5} " + "; ".join(parts))
+    lines.extend(f"  {r}: {report['rules'][r]['reason']}" for r in unexpected_passes(report))
+    lines.append(verdict(report))
     return lines
+
+
+def verdict(report: Mapping[str, Any]) -> str:
+    """One line judging a loader on one device from its report.
+
+    MUST rules that failed or were expected to fail (`xfailed`) both count against it: an
+    expectation keeps a known defect from failing the adopter's run, not from the verdict.
+    """
+    label = f"{report['loader']['name']}@{report['device']}"
+    statuses: dict[str, str] = {r: e["status"] for r, e in report["rules"].items()}
+
+    def having(level: str, *wanted: str) -> list[str]:
+        return [
+            r for r, s in statuses.items() if s in wanted and r in BY_ID and BY_ID[r].level == level
+        ]
+
+    failing = having("MUST", "failed", "xfailed")
+    if failing:
+        known = having("MUST", "xfailed")
+        plural = "s" if len(failing) > 1 else ""
+        line = f"{label}: fails {len(failing)} MUST rule{plural}: {', '.join(failing)}"
+        return line + (f" ({len(known)} expected: {', '.join(known)})" if known else "")
+    counts = {s: sum(1 for v in statuses.values() if v == s) for s in ("passed", "skipped")}
+    if not having("MUST", "passed") and not having("SHOULD", "passed", "failed", "xfailed"):
+        return f"{label}: nothing judged: no rule passed or failed"
+    untested = sum(1 for v in statuses.values() if v == "untested")
+    line = (
+        f"{label}: conforms to all MUST rules of its declared capabilities that the suite tests "
+        f"({counts['passed']} passed, {counts['skipped']} skipped, {untested} untested)"
+    )
+    declined = having("SHOULD", "failed", "xfailed")
+    return line + (f"; declines SHOULD rules: {', '.join(declined)}" if declined else "")
 
 
 def marker_problems(tests: Mapping[str, tuple[tuple[str, ...], bool]]) -> list[str]:

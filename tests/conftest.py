@@ -1,8 +1,14 @@
-"""The suite's pytest plugin: loader under test, runtime device, rule markers, the report."""
+"""The suite's pytest plugin: loader under test, expectations, runtime device, rules, the report.
+
+Options: `--loader=SPEC` (else $LOADER_UNDER_TEST, else the reference; see reference.selection),
+`--expectations=FILE` (see reference.expectations), `--runtime-device`, `--conformance-report`.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +16,29 @@ import pytest
 import torch
 
 from reference import platform
-from reference.adapter import LoaderAdapter, ReferenceAdapter
-from reference.conformance import Outcome, TestOutcome, build_report, summary_lines
+from reference.adapter import LoaderAdapter
+from reference.conformance import (
+    Outcome,
+    TestOutcome,
+    build_report,
+    summary_lines,
+    unexpected_passes,
+)
+from reference.expectations import (
+    Expectations,
+    ExpectationsError,
+    expected_reason,
+    read_expectations,
+)
 from reference.rules import BY_ID
+from reference.selection import ENV_VAR, Selection, SelectionError, select_adapter
+
+MARKERS = (
+    "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
+    "internal: a test of the suite's own machinery; names no contract rule",
+    "capability(name): the adapter capability this test needs; skipped when the loader under"
+    " test does not declare it",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,29 +54,74 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="write the per-rule JSON report (schema loader-conformance/1) to PATH",
     )
+    group.addoption(
+        "--loader",
+        metavar="SPEC",
+        default=None,
+        help=f"the loader under test: package.module:attr or an entry point name; else ${ENV_VAR};"
+        " else the reference adapter",
+    )
+    group.addoption(
+        "--expectations",
+        metavar="FILE",
+        default=None,
+        help="rules the loader under test is expected to fail ('RULE-ID [@device]: reason' lines)",
+    )
 
 
 class Conformance:
     """Holds the loader under test and turns test reports into per-rule outcomes."""
 
-    def __init__(self, config: pytest.Config, adapter: LoaderAdapter, source: str) -> None:
+    def __init__(
+        self, config: pytest.Config, selection: Selection, expectations: Expectations | None
+    ) -> None:
         self.config = config
-        self.adapter = adapter
-        self.source = source
+        self.adapter = selection.adapter
+        self.source = selection.source
+        self.expectations = expectations
         self.device = str(config.getoption("--runtime-device"))
+        self.expected = expectations.for_device(self.device) if expectations else {}
+        # A run that judges a loader must judge something: zero contract tests is an error.
+        self.judging = (
+            selection.explicit
+            or expectations is not None
+            or bool(config.getoption("--conformance-report"))
+        )
         self.rules: dict[str, tuple[str, ...]] = {}
         self.outcomes: dict[str, TestOutcome] = {}
+        self.problems: list[str] = []
+        self.aborted = False  # no report for a run refused before any test ran
 
     def pytest_report_header(self) -> list[str]:
+        if self.expectations is None:
+            expectations = "none (declare known failures with --expectations=FILE)"
+        else:
+            here = ", ".join(sorted(self.expected)) or "none"
+            expectations = (
+                f"{self.expectations.source}: {len(self.expectations.entries)} entries; "
+                f"expected to fail on {self.device}: {here}"
+            )
         return [
-            f"loader under test: {self.adapter.name} ({self.source})",
+            f"loader under test: {self.adapter.name}, {self.source}",
             f"capabilities: {', '.join(sorted(self.adapter.capabilities)) or 'none'}",
+            f"expectations: {expectations}",
             f"runtime device: {self.device}; {platform.describe()}",
         ]
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             self.rules[item.nodeid] = tuple(i for m in item.iter_markers("rule") for i in m.args)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not self.judging or session.testsfailed:
+            return  # collection errors are reported by pytest itself
+        if not any(self.rules.get(item.nodeid) for item in session.items):
+            self.aborted = True
+            raise pytest.UsageError(
+                f"no contract test was collected ({len(session.items)} test(s) selected, none "
+                f"names a rule), so {self.adapter.name!r} cannot be judged. Point pytest at the "
+                "suite (tests/unit, tests/gpu) and check -k / -m / --deselect."
+            )
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         for marker in item.iter_markers("capability"):
@@ -59,6 +130,18 @@ class Conformance:
                     pytest.skip(
                         f"loader {self.adapter.name!r} does not declare capability {capability!r}"
                     )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        reason = expected_reason(self.rules.get(item.nodeid, ()), self.expected)
+        if report.failed and reason is not None:
+            # What pytest's own xfail does: the failure stays in longrepr, the outcome changes.
+            report.outcome = "skipped"
+            report.wasxfail = f"expected: {reason}"  # type: ignore[attr-defined]
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         previous = self.outcomes.get(report.nodeid)
@@ -88,13 +171,38 @@ class Conformance:
             capabilities=self.adapter.capabilities,
             device=self.device,
             outcomes=self.outcomes.values(),
+            expected=self.expected,
+            expectations_source=self.expectations.source if self.expectations else None,
         )
 
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.aborted:
+            return
+        passed_instead = unexpected_passes(self.report())
+        if passed_instead and self.expectations is not None:
+            self.problems.append(
+                f"FAILED: expected to fail but passed: {', '.join(passed_instead)}; if the bug is"
+                f" fixed, remove them from {self.expectations.source}"
+            )
+        contract = [o for o in self.outcomes.values() if o.rules]
+        if self.judging and contract and all(o.outcome == "skipped" for o in contract):
+            self.problems.append(
+                f"FAILED: no contract test ran: every one was skipped or deselected, so "
+                f"{self.adapter.name!r} was not judged (capabilities: "
+                f"{', '.join(sorted(self.adapter.capabilities))})"
+            )
+        if self.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.aborted:
+            return
         report = self.report()
         terminalreporter.section("conformance")
         for line in summary_lines(report):
             terminalreporter.write_line(line)
+        for line in self.problems:
+            terminalreporter.write_line(line, red=True, bold=True)
         path = self.config.getoption("--conformance-report")
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +211,8 @@ class Conformance:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
     device = torch.device(config.getoption("--runtime-device"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(
@@ -111,8 +221,13 @@ def pytest_configure(config: pytest.Config) -> None:
             + "). Run it on a CUDA machine with a CUDA build of torch, or run the CPU tier:"
             " tox -e unit"
         )
-    plugin = Conformance(config, ReferenceAdapter(), "default (the reference adapter)")
-    config.pluginmanager.register(plugin, "conformance")
+    try:
+        selection = select_adapter(option=config.getoption("--loader"), environ=os.environ)
+        path = config.getoption("--expectations")
+        expectations = read_expectations(path) if path else None
+    except (SelectionError, ExpectationsError) as error:
+        raise pytest.UsageError(str(error)) from None
+    config.pluginmanager.register(Conformance(config, selection, expectations), "conformance")
 
 
 @pytest.fixture

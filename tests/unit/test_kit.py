@@ -1,0 +1,366 @@
+"""The conformance kit: choosing the loader under test, expectations, the merged matrix.
+
+The plugin tests run this repository's conftest against a tiny suite in a temporary directory
+(pytester, in process) and assert on outcomes, messages and the JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reference.adapter import PLANS, ReferenceAdapter
+from reference.selection import (
+    DEFAULT_SOURCE,
+    ENTRY_POINT_GROUP,
+    ENV_VAR,
+    SelectionError,
+    check_adapter,
+    resolve_spec,
+    select_adapter,
+)
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.internal
+
+CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+
+ADAPTERS = """
+from reference.adapter import PLANS, VAE_STREAM, ZERO_COPY
+
+class Good:
+    name = "good"
+    capabilities = frozenset({PLANS, ZERO_COPY})
+    plan_two_ok = True
+
+class PlansOnly:
+    name = "plans-only"
+    capabilities = frozenset({PLANS})
+    plan_two_ok = False
+
+class VaeOnly:
+    name = "vae-only"
+    capabilities = frozenset({VAE_STREAM})
+
+def make_good():
+    return Good()
+
+INSTANCE = PlansOnly()
+"""
+
+SUITE = """
+import pytest
+from reference.adapter import PLANS, ZERO_COPY
+
+@pytest.mark.rule("PLAN-1")
+@pytest.mark.capability(PLANS)
+def test_plan_one(loader):
+    assert loader.name
+
+@pytest.mark.rule("PLAN-2")
+@pytest.mark.capability(PLANS)
+def test_plan_two(loader):
+    assert loader.plan_two_ok
+
+@pytest.mark.rule("ZC-1")
+@pytest.mark.capability(ZERO_COPY)
+def test_zero_copy(loader, runtime_device):
+    assert runtime_device.type == "cpu"
+
+@pytest.mark.internal
+def test_machinery():
+    pass
+"""
+
+
+@pytest.fixture
+def kit(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A temporary project holding the real plugin, a tiny suite and a module of adapters."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the plugin needs none; faster
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(tinyloaders=ADAPTERS, test_tiny=SUITE)
+    pytester.syspathinsert()
+    return pytester
+
+
+def run(kit: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return kit.runpytest("-p", "no:cacheprovider", "-rsx", *args)
+
+
+def report_of(kit: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, dict[str, Any]]:
+    path = kit.path / "report.json"
+    result = run(kit, f"--conformance-report={path}", *args)
+    return result, json.loads(path.read_text())
+
+
+# --- choosing the loader ----------------------------------------------------------------------
+
+
+def test_unresolvable_loader_is_a_usage_error_naming_the_three_ways(kit: pytest.Pytester) -> None:
+    result = run(kit, "--loader=no.such:thing")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert (
+        "cannot use loader 'no.such:thing' (from --loader): cannot import module 'no.such'" in err
+    )
+    for way in ("--loader=package.module:attr", "--loader=NAME", f"{ENV_VAR}=SPEC", "neither"):
+        assert way in err
+    assert "passed" not in result.stdout.str()
+
+
+def test_unresolvable_environment_spec_is_a_usage_error(
+    kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_VAR, "tinyloaders:Missing")
+    result = run(kit)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        f"cannot use loader 'tinyloaders:Missing' (from {ENV_VAR}): module 'tinyloaders' has no "
+        "attribute 'Missing'" in result.stderr.str()
+    )
+
+
+def test_header_names_adapter_how_chosen_capabilities_and_device(kit: pytest.Pytester) -> None:
+    result = run(kit, "--loader=tinyloaders:make_good")
+    result.stdout.fnmatch_lines(
+        [
+            "loader under test: good, chosen by --loader=tinyloaders:make_good",
+            "capabilities: plans, zero_copy",
+            "expectations: none *",
+            "runtime device: cpu; torch *",
+        ]
+    )
+    result.assert_outcomes(passed=4)
+
+
+def test_option_beats_environment_beats_default(
+    kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(kit).stdout.fnmatch_lines([f"loader under test: reference, {DEFAULT_SOURCE}"])
+    monkeypatch.setenv(ENV_VAR, "tinyloaders:INSTANCE")
+    run(kit).stdout.fnmatch_lines([f"loader under test: plans-only, chosen by {ENV_VAR}=*"])
+    result = run(kit, "--loader=tinyloaders:Good")
+    result.stdout.fnmatch_lines(["loader under test: good, chosen by --loader=tinyloaders:Good"])
+
+
+def test_entry_point_names_a_loader(kit: pytest.Pytester) -> None:
+    dist = kit.mkdir("tiny_adapters-0.1.dist-info")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-adapters\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\ntiny = tinyloaders:Good\nstale = tinyloaders:Gone\n"
+    )
+    result = run(kit, "--loader=tiny")
+    result.stdout.fnmatch_lines(["loader under test: good, chosen by --loader=tiny"])
+    result = run(kit, "--loader=tinier")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no entry point named 'tinier' in group" in result.stderr.str()
+    assert "(installed: stale, tiny)" in result.stderr.str()
+    result = run(kit, "--loader=stale")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        "entry point 'stale' (tinyloaders:Gone) failed to load: AttributeError"
+        in result.stderr.str()
+    )
+
+
+# --- capabilities ---------------------------------------------------------------------------
+
+
+def test_undeclared_capability_is_skipped_naming_it_and_the_adapter(kit: pytest.Pytester) -> None:
+    result, report = report_of(kit, "--loader=tinyloaders:PlansOnly")
+    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    reason = "loader 'plans-only' does not declare capability 'zero_copy'"
+    result.stdout.fnmatch_lines([f"SKIPPED * {reason}"])
+    assert report["loader"]["capabilities"] == ["plans"]
+    assert report["rules"]["ZC-1"] == {
+        "status": "skipped",
+        "tests": ["test_tiny.py::test_zero_copy"],
+        "reason": reason,
+    }
+    assert report["rules"]["PLAN-1"]["status"] == "passed"
+    assert report["rules"]["PLAN-2"]["status"] == "failed"
+    result.stdout.fnmatch_lines(["plans-only@cpu: fails 1 MUST rule: PLAN-2"])
+
+
+def test_adapter_whose_capabilities_run_nothing_fails_the_run(kit: pytest.Pytester) -> None:
+    result, report = report_of(kit, "--loader=tinyloaders:VaeOnly")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["FAILED: no contract test ran*'vae-only' was not judged*"])
+    assert {report["rules"][r]["status"] for r in ("PLAN-1", "PLAN-2", "ZC-1")} == {"skipped"}
+
+
+# --- nothing to judge -------------------------------------------------------------------------
+
+
+def test_no_contract_test_collected_is_an_error_when_judging(kit: pytest.Pytester) -> None:
+    result = run(kit, "-m", "internal", "--loader=tinyloaders:Good")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no contract test was collected (1 test(s) selected" in result.stderr.str()
+    result = run(kit, "-k", "nothing_matches", "--conformance-report=r.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert not (kit.path / "r.json").exists()
+    # Without a loader, expectations or report to produce, a run of internal tests is fine.
+    assert run(kit, "-m", "internal").ret == pytest.ExitCode.OK
+
+
+def test_collection_errors_are_not_masked(kit: pytest.Pytester) -> None:
+    kit.makepyfile(test_broken="import no_such_module_here\n")
+    result = run(kit, "test_broken.py", "--loader=tinyloaders:Good")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*ModuleNotFoundError*no_such_module_here*"])
+
+
+# --- expectations -----------------------------------------------------------------------------
+
+
+def test_expected_failure_is_xfailed_and_device_entries_apply_only_there(
+    kit: pytest.Pytester,
+) -> None:
+    kit.path.joinpath("known.txt").write_text(
+        "# known defects\nPLAN-2: ignores the post-process flag (#12)\nPLAN-1 @cuda: gpu only\n"
+    )
+    result, report = report_of(kit, "--loader=tinyloaders:PlansOnly", "--expectations=known.txt")
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=2, skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        ["expectations: known.txt: 2 entries; expected to fail on cpu: PLAN-2"]
+    )
+    assert report["rules"]["PLAN-2"] == {
+        "status": "xfailed",
+        "tests": ["test_tiny.py::test_plan_two"],
+        "reason": "expected: PLAN-2: ignores the post-process flag (#12)",
+        "expected": "ignores the post-process flag (#12)",
+    }
+    assert report["rules"]["PLAN-1"]["status"] == "passed"
+    assert report["expectations"] == {
+        "source": "known.txt",
+        "rules": {"PLAN-2": "ignores the post-process flag (#12)"},
+    }
+    result.stdout.fnmatch_lines(["plans-only@cpu: fails 1 MUST rule: PLAN-2 (1 expected: PLAN-2)"])
+
+
+def test_expected_failure_that_passes_fails_the_run(kit: pytest.Pytester) -> None:
+    kit.path.joinpath("known.txt").write_text("PLAN-2: was broken\n")
+    result, report = report_of(kit, "--loader=tinyloaders:Good", "--expectations=known.txt")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["FAILED: expected to fail but passed: PLAN-2; *known.txt"])
+    assert report["rules"]["PLAN-2"]["status"] == "failed"
+    assert report["rules"]["PLAN-2"]["reason"].startswith("XPASS(strict): expected to fail")
+
+
+def test_failure_is_expected_only_when_all_its_rules_are(kit: pytest.Pytester) -> None:
+    kit.makepyfile(
+        test_pair="""
+import pytest
+
+@pytest.mark.rule("DEV-1", "DEV-3")
+def test_pair(loader):
+    assert loader.plan_two_ok
+"""
+    )
+    kit.path.joinpath("known.txt").write_text("DEV-1: broken\n")
+    args = ("test_pair.py", "--loader=tinyloaders:PlansOnly")
+    result, report = report_of(kit, *args, "--expectations=known.txt")
+    result.assert_outcomes(failed=1)
+    assert report["rules"]["DEV-3"]["status"] == "failed"
+    kit.path.joinpath("known.txt").write_text("DEV-1: broken\nDEV-3: broken too\n")
+    result, report = report_of(kit, *args, "--expectations=known.txt")
+    result.assert_outcomes(xfailed=1)
+    assert report["rules"]["DEV-3"]["reason"] == "expected: DEV-1: broken; DEV-3: broken too"
+
+
+def test_unknown_rule_in_expectations_is_a_usage_error(kit: pytest.Pytester) -> None:
+    kit.path.joinpath("known.txt").write_text("PLAN-2: fine\nZC-99: no such rule\n")
+    result = run(kit, "--expectations=known.txt")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "known.txt:2: 'ZC-99' is not a rule of the catalogue" in result.stderr.str()
+    result = run(kit, "--expectations=missing.txt")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "cannot read expectations file missing.txt" in result.stderr.str()
+
+
+# --- resolving a SPEC, directly ---------------------------------------------------------------
+
+
+class Named:
+    name = "named"
+    capabilities = frozenset({PLANS})
+
+    class Inner:
+        name = "inner"
+        capabilities = frozenset({PLANS})
+
+
+def broken_factory() -> Named:
+    raise RuntimeError("needs a GPU")
+
+
+NOT_AN_ADAPTER = 42
+
+
+def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
+    assert isinstance(
+        resolve_spec("reference.adapter:ReferenceAdapter", origin="x"), ReferenceAdapter
+    )
+    assert resolve_spec(f"{__name__}:Named", origin="x").name == "named"
+    assert resolve_spec(f"{__name__}:Named.Inner", origin="x").name == "inner"
+    instance = Named()
+    assert check_adapter(instance) is instance
+    selection = select_adapter(option=None, environ={ENV_VAR: ""})
+    assert (selection.how, selection.explicit, selection.source) == (
+        "default",
+        False,
+        DEFAULT_SOURCE,
+    )
+    assert isinstance(selection.adapter, ReferenceAdapter)
+    selection = select_adapter(option=None, environ={ENV_VAR: f"{__name__}:Named"})
+    assert (selection.how, selection.spec, selection.adapter.name) == (
+        "environment",
+        f"{__name__}:Named",
+        "named",
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("reference.adapter:", "expected package.module:attr with both parts non-empty"),
+        (
+            f"{__name__}:broken_factory",
+            "calling it with no arguments raised RuntimeError: needs a GPU",
+        ),
+        (
+            f"{__name__}:NOT_AN_ADAPTER",
+            "it names a int, which has no non-empty str attribute 'name'",
+        ),
+        ("", "no entry point named '' in group"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_cause(spec: str, message: str) -> None:
+    with pytest.raises(SelectionError) as info:
+        select_adapter(option=spec, environ={})
+    assert message in str(info.value)
+    assert "Choose the loader under test in one of three ways" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "message"),
+    [
+        ({PLANS}, "whose 'capabilities' is set, not a frozenset"),
+        (
+            frozenset({PLANS, "teleport"}),
+            "declares unknown capabilities teleport; known: admission",
+        ),
+        (frozenset(), "declares no capability, so every contract test would be skipped"),
+    ],
+)
+def test_adapter_capabilities_must_be_known_and_frozen(capabilities: object, message: str) -> None:
+    adapter = Named()
+    adapter.capabilities = capabilities  # type: ignore[assignment]
+    with pytest.raises(SelectionError, match=message):
+        check_adapter(adapter)
