@@ -10,11 +10,19 @@ paths), so another loader's adapter converts to and from its own types at this b
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from reference import admission, loaders, preflight
+from reference import args as args_mod
+from reference import pipeline as pipeline_mod
 from reference import plan as plan_mod
+from reference.args import ServerArgsLike, own_server_args
+from reference.checkpoint import open_checkpoint
+from reference.platform import Platform
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 
 # Capability names. A test names the one it needs with @pytest.mark.capability(NAME).
@@ -118,6 +126,54 @@ class LoaderAdapter(Protocol):
     # --- VAE: slots, preflight, streaming (VAE, CKPT-2/3) --------------------------------------
 
     # --- arguments and admission (ARGS, DG-1..3/6/7, ADM) --------------------------------------
+    def parse_server_args(self, argv: Sequence[str]) -> tuple[ServerArgsLike, list[str]]:
+        """Loading options from a command line, and the other arguments untouched, in order.
+
+        Raises ValueError naming the flag for a malformed option (DG-1, ARGS-1/2).
+        """
+        ...
+
+    def make_server_args(
+        self,
+        *,
+        runtime_device: torch.device,
+        dit_cpu_offload: bool = False,
+        dit_layerwise_offload: bool = False,
+        component_cpu_offload: Mapping[str, Any] | None = None,
+        fsdp_inference: bool = False,
+        tp_size: int = 1,
+        quantization: QuantizationSpec | None = None,
+        direct_gpu_weight_loading: bool = False,
+        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+    ) -> ServerArgsLike:
+        """Loading options built in code; validated like the command line (ARGS-4)."""
+        ...
+
+    def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:
+        """The pipeline and arguments gates for `args` on a pipeline (ADM-1/2, DG-2/3/7).
+
+        Raises ComponentCheckpointUnsupportedError or ArgumentError (both ValueErrors).
+        """
+        ...
+
+    def loader_supports_direct(self, loader_kind: str, component: str) -> bool:
+        """Declared support of a loader kind (`transformer`, `vae`, `vocoder`) for `component`."""
+        ...
+
+    def load_pipeline_component(
+        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+    ) -> torch.nn.Module:
+        """Load one component of a pipeline with its loader (whose gate runs first, ADM-3)."""
+        ...
+
+    def check_device_memory(
+        self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform
+    ) -> int:
+        """DG-6: bytes a direct load of `checkpoint` needs on `device` (headers + margin).
+
+        Raises DeviceMemoryError when the platform reports less free memory; reads no tensor data.
+        """
+        ...
 
 
 class ReferenceAdapter:
@@ -179,6 +235,57 @@ class ReferenceAdapter:
     # --- VAE: slots, preflight, streaming ------------------------------------------------------
 
     # --- arguments and admission ---------------------------------------------------------------
+    def parse_server_args(self, argv: Sequence[str]) -> tuple[args_mod.ServerArgs, list[str]]:
+        return args_mod.parse_args(argv)
+
+    def make_server_args(
+        self,
+        *,
+        runtime_device: torch.device,
+        dit_cpu_offload: bool = False,
+        dit_layerwise_offload: bool = False,
+        component_cpu_offload: Mapping[str, Any] | None = None,
+        fsdp_inference: bool = False,
+        tp_size: int = 1,
+        quantization: QuantizationSpec | None = None,
+        direct_gpu_weight_loading: bool = False,
+        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+    ) -> args_mod.ServerArgs:
+        return args_mod.ServerArgs(
+            runtime_device=runtime_device,
+            dit_cpu_offload=dit_cpu_offload,
+            dit_layerwise_offload=dit_layerwise_offload,
+            component_cpu_offload=component_cpu_offload or {},
+            fsdp_inference=fsdp_inference,
+            tp_size=tp_size,
+            quantization=quantization,
+            direct_gpu_weight_loading=direct_gpu_weight_loading,
+            component_direct_gpu_weight_loading=component_direct_gpu_weight_loading or {},
+        )
+
+    def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:
+        pipeline = pipeline_mod.read_pipeline(pipeline_dir)
+        admission.admit(pipeline, own_server_args(args), platform=platform)
+
+    def loader_supports_direct(self, loader_kind: str, component: str) -> bool:
+        support = loaders.DIRECT_SUPPORT[loader_kind]
+        return support.covers(
+            admission.DirectRequest(component, args_mod.COMPONENT_DIRECT_FLAG)
+        ) or support.covers(admission.DirectRequest(component, args_mod.DIRECT_FLAG))
+
+    def load_pipeline_component(
+        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+    ) -> torch.nn.Module:
+        spec = pipeline_mod.read_pipeline(pipeline_dir).component(component)
+        loader = loaders.loader_for(component, platform=platform)
+        return loader.load(spec, own_server_args(args)).module
+
+    def check_device_memory(
+        self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform
+    ) -> int:
+        return preflight.check_device_memory(
+            open_checkpoint(checkpoint), component=component, device=device, platform=platform
+        )
 
 
 # DiT capabilities of the reference (section owner adds them here).
@@ -188,7 +295,7 @@ _DIT_CAPABILITIES: frozenset[str] = frozenset()
 _VAE_CAPABILITIES: frozenset[str] = frozenset()
 
 # Arguments/admission capabilities of the reference (section owner adds them here).
-_ADMISSION_CAPABILITIES: frozenset[str] = frozenset()
+_ADMISSION_CAPABILITIES: frozenset[str] = frozenset({CLI_ARGS, ADMISSION, PIPELINES})
 
 ReferenceAdapter.capabilities = (
     ReferenceAdapter.capabilities | _DIT_CAPABILITIES | _VAE_CAPABILITIES | _ADMISSION_CAPABILITIES

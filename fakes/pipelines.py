@@ -1,0 +1,126 @@
+"""Pipeline folders written into a directory: model_index.json, one folder per component with
+config.json and real safetensors weights, and tiny model classes registered in the reference's
+model registry (reference.pipeline.MODELS) when this module is imported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fakes.checkpoints import write_checkpoint
+from reference.pipeline import MODEL_INDEX, MODELS
+
+
+class FakeVocoder(nn.Module):
+    """A tiny vocoder: upsampling transposed conv, a conv, and a persistent gain buffer."""
+
+    def __init__(self, channels: int = 4, upsample: int = 2) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose1d(channels, channels, kernel_size=upsample, stride=upsample)
+        self.conv = nn.Conv1d(channels, 1, kernel_size=3, padding=1)
+        self.gain: torch.Tensor
+        self.register_buffer("gain", torch.ones(1))
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.conv(self.up(mel))) * self.gain
+
+
+class FakeBlock(nn.Module):
+    """A stand-in for any component whose weights a test does not look at."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.proj(x)
+        return out
+
+
+MODELS.register(FakeVocoder)
+MODELS.register(FakeBlock)
+
+
+@dataclass(frozen=True)
+class FakeComponent:
+    """How to write one component.
+
+    Attributes:
+        cls: the model class (its name goes into model_index.json; it must be registered to load).
+        config: constructor arguments, written as config.json.
+        library: the library named in model_index.json.
+        quantization_config: written as config.json's "quantization_config" when given.
+        shards: number of safetensors shards (1: a single file).
+        seed: seed of the weights.
+    """
+
+    cls: type[nn.Module]
+    config: Mapping[str, Any] = field(default_factory=dict)
+    library: str = "fakes"
+    quantization_config: Mapping[str, Any] | None = None
+    shards: int = 1
+    seed: int = 0
+
+
+def _stand_in(**config: Any) -> FakeComponent:
+    return FakeComponent(FakeBlock, config)
+
+
+# A pipeline that declares every component kind the admission rules talk about.
+FULL_PIPELINE: Mapping[str, FakeComponent] = {
+    "transformer": _stand_in(width=8),
+    "transformer_2": _stand_in(width=8),
+    "vae": _stand_in(),
+    "video_vae": _stand_in(),
+    "audio_vae": _stand_in(),
+    "vocoder": FakeComponent(FakeVocoder, {"channels": 4, "upsample": 2}, seed=1),
+}
+
+
+def write_component(root: Path, name: str, component: FakeComponent) -> dict[str, torch.Tensor]:
+    """Write `root/name/config.json` and its weights; returns the state written."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {"_class_name": component.cls.__name__, **component.config}
+    if component.quantization_config is not None:
+        config["quantization_config"] = dict(component.quantization_config)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(component.seed)
+    state = {
+        k: v.detach().clone() for k, v in component.cls(**component.config).state_dict().items()
+    }
+    write_checkpoint(state, folder, shards=component.shards, stem="diffusion_pytorch_model")
+    return state
+
+
+def write_pipeline(
+    root: Path,
+    components: Mapping[str, FakeComponent] = FULL_PIPELINE,
+    *,
+    class_name: str = "FakePipeline",
+    extra_index: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a pipeline folder into `root` (created if missing) and return `root`.
+
+    Args:
+        root: the pipeline directory.
+        components: the components to write, by name, in model_index.json order.
+        class_name: model_index.json's `_class_name`.
+        extra_index: more model_index.json entries written as given (for weightless entries
+            such as a scheduler, `[null, null]` placeholders, or malformed entries).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    index: dict[str, Any] = {"_class_name": class_name, "_diffusers_version": "0.0.0"}
+    for name, component in components.items():
+        index[name] = [component.library, component.cls.__name__]
+        write_component(root, name, component)
+    index.update(extra_index or {})
+    (root / MODEL_INDEX).write_text(json.dumps(index, indent=2))
+    return root

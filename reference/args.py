@@ -1,0 +1,378 @@
+"""Server arguments: the loading options as one frozen value, and their command line (ARGS, DG-1).
+
+Command line (argparse conventions; every flag also accepts underscores for its dashes):
+
+    --device DEVICE                          runtime device (default cuda:0)
+    --dit-cpu-offload [true|false]           the DiT starts on CPU
+    --dit-layerwise-offload [true|false]     the DiT streams its layers from CPU
+    --component-cpu-offload.<component>[=true|false]
+    --fsdp-inference [true|false]            shard the DiT with FSDP
+    --tp-size N                              tensor-parallel size of the DiT
+    --quantization METHOD                    quantize the DiT (fp8, mxfp4, ...)
+    --quantization-serialized [true|false]   the DiT checkpoint is already stored quantized
+    --direct-gpu-weight-loading [true|false] direct-GPU loading of every DiT component
+    --component-direct-gpu-weight-loading.<component>[=true|false]
+
+A boolean flag alone means true; its value is given as `=VALUE` or as the next token when that
+token is not an option, and must be `true` or `false` in any case. Component names normalise `-`
+to `_`. Everything else passes through untouched and in order, as does everything after `--`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NoReturn, Protocol, runtime_checkable
+
+import torch
+
+from reference.errors import ArgumentError
+from reference.pipeline import is_transformer_component
+from reference.quantization import QuantizationSpec
+
+DIRECT_FLAG = "--direct-gpu-weight-loading"
+COMPONENT_DIRECT_FLAG = "--component-direct-gpu-weight-loading"
+COMPONENT_OFFLOAD_FLAG = "--component-cpu-offload"
+DIT_OFFLOAD_FLAG = "--dit-cpu-offload"
+LAYERWISE_FLAG = "--dit-layerwise-offload"
+FSDP_FLAG = "--fsdp-inference"
+TP_FLAG = "--tp-size"
+QUANTIZATION_FLAG = "--quantization"
+DEVICE_FLAG = "--device"
+
+# Per-component flags: `<prefix>.<component>`, and the ServerArgs field each one fills.
+COMPONENT_FLAGS = {
+    COMPONENT_DIRECT_FLAG: "component_direct_gpu_weight_loading",
+    COMPONENT_OFFLOAD_FLAG: "component_cpu_offload",
+}
+_FLAG_OF_FIELD = {value: key for key, value in COMPONENT_FLAGS.items()}
+_BOOL_WORDS = {"true": True, "false": False}
+DEFAULT_RUNTIME_DEVICE = torch.device("cuda", 0)
+
+
+def normalise_component(name: str) -> str:
+    """A component name as the contract compares it: `-` becomes `_` (`video-vae`: `video_vae`)."""
+    return name.replace("-", "_")
+
+
+def component_flag(prefix: str, component: str) -> str:
+    """How a user writes a per-component flag: `--component-cpu-offload.vae`."""
+    return f"{prefix}.{component}"
+
+
+def _component_map(field_name: str, raw: Mapping[str, bool]) -> Mapping[str, bool]:
+    """ARGS-4: non-empty names, real bools, one value per normalised name."""
+    flag = _FLAG_OF_FIELD[field_name]
+    if not isinstance(raw, Mapping):
+        raise ArgumentError(
+            f"{field_name} must map component names to True/False, got {type(raw).__name__}"
+        )
+    values: dict[str, bool] = {}
+    spellings: dict[str, str] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not normalise_component(name).strip("_ "):
+            raise ArgumentError(
+                f"{field_name}: component name {name!r} is empty; name a component, as in"
+                f" {component_flag(flag, 'vae')}"
+            )
+        key = normalise_component(name)
+        if type(value) is not bool:
+            raise ArgumentError(
+                f"{field_name}[{name!r}] must be True or False, got {type(value).__name__}"
+                f" {value!r}; pass a real bool ({component_flag(flag, key)}=true on the command"
+                " line)"
+            )
+        if key in values and values[key] != value:
+            raise ArgumentError(
+                f"{field_name}: {spellings[key]!r}={values[key]} and {name!r}={value} name the"
+                f" same component {key!r} with different values; keep one"
+            )
+        values[key] = value
+        spellings[key] = name
+    return MappingProxyType(values)
+
+
+def _require_bool(name: str, value: object) -> None:
+    if type(value) is not bool:
+        raise ArgumentError(
+            f"{name} must be True or False, got {type(value).__name__} {value!r}; pass a real bool"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerArgs:
+    """The loading options of one run. Construction validates and normalises (ARGS-4).
+
+    Attributes:
+        runtime_device: where components compute.
+        dit_cpu_offload: DiT components start on CPU.
+        dit_layerwise_offload: DiT components stream their layers from CPU.
+        component_cpu_offload: per-component CPU offload (normalised name -> bool); an entry
+            overrides dit_cpu_offload for that component.
+        fsdp_inference: the DiT is sharded with FSDP.
+        tp_size: tensor-parallel size of the DiT.
+        quantization: how the DiT is quantized, or None.
+        direct_gpu_weight_loading: direct-GPU loading of every DiT component (DG-1, DG-7).
+        component_direct_gpu_weight_loading: per-component direct-GPU loading (ARGS-1).
+
+    Raises:
+        ArgumentError: for an empty component name, a value that is not a real bool (`"true"`
+            and `1` are refused), two spellings of one component with different values, or a
+            tp_size below 1.
+    """
+
+    runtime_device: torch.device = DEFAULT_RUNTIME_DEVICE
+    dit_cpu_offload: bool = False
+    dit_layerwise_offload: bool = False
+    component_cpu_offload: Mapping[str, bool] = field(default_factory=dict)
+    fsdp_inference: bool = False
+    tp_size: int = 1
+    quantization: QuantizationSpec | None = None
+    direct_gpu_weight_loading: bool = False
+    component_direct_gpu_weight_loading: Mapping[str, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.runtime_device, torch.device):
+            raise ArgumentError(
+                f"runtime_device must be a torch.device, got {self.runtime_device!r};"
+                f" write torch.device({str(self.runtime_device)!r})"
+            )
+        for name in ("dit_cpu_offload", "dit_layerwise_offload", "fsdp_inference"):
+            _require_bool(name, getattr(self, name))
+        _require_bool("direct_gpu_weight_loading", self.direct_gpu_weight_loading)
+        if type(self.tp_size) is not int or self.tp_size < 1:
+            raise ArgumentError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
+        if self.quantization is not None and not isinstance(self.quantization, QuantizationSpec):
+            raise ArgumentError(
+                f"quantization must be a QuantizationSpec or None, got {self.quantization!r}"
+            )
+        for name in COMPONENT_FLAGS.values():
+            object.__setattr__(self, name, _component_map(name, getattr(self, name)))
+
+    def should_direct_gpu_weight_load_component(self, name: str) -> bool:
+        """ARGS-5: whether component `name` was opted in by its exact normalised name.
+
+        False by default. The global DiT flag is not consulted here; admission combines both.
+        """
+        return self.component_direct_gpu_weight_loading.get(normalise_component(name), False)
+
+    def is_cpu_offloaded(self, name: str) -> bool:
+        """Whether component `name` starts on CPU: its own entry, else dit_cpu_offload for DiTs."""
+        key = normalise_component(name)
+        if key in self.component_cpu_offload:
+            return self.component_cpu_offload[key]
+        return self.dit_cpu_offload and is_transformer_component(key)
+
+    def cpu_offload_flag(self, name: str) -> str:
+        """The option that makes component `name` CPU-offloaded (for messages)."""
+        key = normalise_component(name)
+        if key in self.component_cpu_offload:
+            return (
+                f"{component_flag(COMPONENT_OFFLOAD_FLAG, key)}={self.component_cpu_offload[key]}"
+            )
+        return DIT_OFFLOAD_FLAG
+
+    def is_layerwise_offloaded(self, name: str) -> bool:
+        """Whether component `name` streams its layers from CPU (DiT components only)."""
+        return self.dit_layerwise_offload and is_transformer_component(normalise_component(name))
+
+
+@runtime_checkable
+class ServerArgsLike(Protocol):
+    """What the conformance suite reads from a loader's server arguments."""
+
+    @property
+    def direct_gpu_weight_loading(self) -> bool: ...
+    @property
+    def component_direct_gpu_weight_loading(self) -> Mapping[str, bool]: ...
+    def should_direct_gpu_weight_load_component(self, name: str) -> bool: ...
+
+
+def own_server_args(args: ServerArgsLike) -> ServerArgs:
+    """`args` as the reference's ServerArgs.
+
+    Raises:
+        TypeError: for server arguments built by another loader.
+    """
+    if not isinstance(args, ServerArgs):
+        raise TypeError(f"expected reference.args.ServerArgs, got {type(args).__name__}")
+    return args
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def parse_bool(flag: str, value: str) -> bool:
+    """A flag's boolean value: `true` or `false` in any case.
+
+    Raises:
+        ArgumentError: for any other value (empty included), naming the flag and the fix.
+    """
+    parsed = _BOOL_WORDS.get(value.lower())
+    if parsed is None:
+        raise ArgumentError(
+            f"{flag}: expected true or false (any case), got {value!r}; write {flag}=true or"
+            f" {flag}=false (a bare {flag} means true when no plain argument follows it)"
+        )
+    return parsed
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ArgumentError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        _, sep, tail = message.partition(": ")
+        # Our own type errors already start with the flag; drop argparse's "argument X: " prefix.
+        raise ArgumentError(tail if sep and tail.startswith("--") else message)
+
+
+def _bool_type(flag: str) -> Any:
+    def convert(value: str) -> bool:
+        try:
+            return parse_bool(flag, value)
+        except ArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _device(value: str) -> torch.device:
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{DEVICE_FLAG}: {value!r} is not a device; write cuda, cuda:0 or cpu"
+        ) from None
+
+
+def _tp_size(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{TP_FLAG}: expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(add_help=False, allow_abbrev=False)
+
+    def boolean(flag: str) -> None:
+        underscored = "--" + flag[2:].replace("-", "_")
+        parser.add_argument(
+            flag, underscored, nargs="?", const=True, default=False, type=_bool_type(flag)
+        )
+
+    for flag in (DIT_OFFLOAD_FLAG, LAYERWISE_FLAG, FSDP_FLAG, DIRECT_FLAG):
+        boolean(flag)
+    boolean("--quantization-serialized")
+    parser.add_argument(DEVICE_FLAG, type=_device, default=DEFAULT_RUNTIME_DEVICE)
+    parser.add_argument(TP_FLAG, "--tp_size", type=_tp_size, default=1)
+    parser.add_argument(QUANTIZATION_FLAG, default=None)
+    return parser
+
+
+def _component_prefix(token: str) -> tuple[str, str] | None:
+    """(flag prefix, raw component) when `token` is a per-component flag, else None."""
+    if not token.startswith("--"):
+        return None
+    key = token.split("=", 1)[0]
+    head, dot, component = key[2:].partition(".")
+    prefix = "--" + head.replace("_", "-")
+    if prefix not in COMPONENT_FLAGS:
+        return None
+    if not dot:
+        raise ArgumentError(
+            f"{key}: names no component; write {prefix}.<component>, as in"
+            f" {component_flag(prefix, 'vae')}"
+        )
+    return prefix, component
+
+
+def extract_component_flags(
+    argv: Sequence[str],
+) -> tuple[dict[str, dict[str, bool]], list[str]]:
+    """ARGS-1..3: pull the per-component flags out of `argv`.
+
+    Returns:
+        ({field name: {normalised component: value}}, the other arguments in order).
+
+    Raises:
+        ArgumentError: for an empty component name, a value that is not true/false (an empty
+            one included), or one component given different values (in any spelling).
+    """
+    values: dict[str, dict[str, bool]] = {name: {} for name in COMPONENT_FLAGS.values()}
+    spelled: dict[tuple[str, str], str] = {}
+    remaining: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            remaining.extend(argv[i:])
+            break
+        found = _component_prefix(token)
+        i += 1
+        if found is None:
+            remaining.append(token)
+            continue
+        prefix, raw = found
+        key, eq, value = token.partition("=")
+        component = normalise_component(raw)
+        if not component.strip("_"):
+            raise ArgumentError(
+                f"{key}: the component name is empty; write {component_flag(prefix, '<component>')}"
+                f", as in {component_flag(prefix, 'vae')}=true"
+            )
+        if not eq:
+            value = "true"
+            if i < len(argv) and not argv[i].startswith("-"):
+                value = argv[i]
+                i += 1
+        parsed = parse_bool(key, value)
+        target = values[COMPONENT_FLAGS[prefix]]
+        if component in target and target[component] != parsed:
+            raise ArgumentError(
+                f"{spelled[prefix, component]} and {key}={value} give component {component!r}"
+                " different values; keep one of them"
+            )
+        target[component] = parsed
+        spelled[prefix, component] = f"{key}={value}"
+    return values, remaining
+
+
+def parse_args(argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
+    """Parse the loading options out of a command line.
+
+    Args:
+        argv: arguments without the program name.
+
+    Returns:
+        (the ServerArgs, the arguments that are not loading options, untouched and in order).
+
+    Raises:
+        ArgumentError: for a malformed option, naming the flag and the fix (DG-1, ARGS-2).
+    """
+    components, rest = extract_component_flags(argv)
+    namespace, remaining = _parser().parse_known_args(rest)
+    quantization = None
+    if namespace.quantization is not None:
+        if not namespace.quantization:
+            raise ArgumentError(f"{QUANTIZATION_FLAG}: empty method; write {QUANTIZATION_FLAG} fp8")
+        quantization = QuantizationSpec(
+            namespace.quantization, serialized=namespace.quantization_serialized
+        )
+    elif namespace.quantization_serialized:
+        raise ArgumentError(
+            f"--quantization-serialized needs {QUANTIZATION_FLAG} METHOD; add it or drop the flag"
+        )
+    args = ServerArgs(
+        runtime_device=namespace.device,
+        dit_cpu_offload=namespace.dit_cpu_offload,
+        dit_layerwise_offload=namespace.dit_layerwise_offload,
+        component_cpu_offload=components["component_cpu_offload"],
+        fsdp_inference=namespace.fsdp_inference,
+        tp_size=namespace.tp_size,
+        quantization=quantization,
+        direct_gpu_weight_loading=namespace.direct_gpu_weight_loading,
+        component_direct_gpu_weight_loading=components["component_direct_gpu_weight_loading"],
+    )
+    return args, remaining

@@ -1,0 +1,290 @@
+"""Component loaders: one `load()` template that admits first, then loads (ADM-3, ADM-5).
+
+`ComponentLoader.load` runs, in this order and nowhere else:
+  1. the loader gate (reference.admission.check_loader): refuses a request this loader cannot
+     honour, before FSDP decisions, quantization overrides or any file access;
+  2. the hooks `fsdp_enabled` and `quantization_for`, then the plan;
+  3. `load_component`, the subclass's work; a plain ValueError from it may go to
+     `load_fallback` (a subclass's generic path), but only when no direct load was asked for,
+     and never the no-fallback error, which always propagates.
+
+A loader class declares its direct-GPU support once (`direct_support`); the loader gate and
+`DIRECT_SUPPORT` (for callers that only know a loader's kind) read that one declaration.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from reference.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
+from reference.args import ServerArgs
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.errors import (
+    CheckpointError,
+    ComponentCheckpointUnsupportedError,
+    LoadError,
+    StateMismatchError,
+)
+from reference.pipeline import (
+    CONFIG,
+    MODELS,
+    ComponentSpec,
+    ModelRegistry,
+    is_transformer_component,
+)
+from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
+from reference.platform import SYSTEM, Platform
+from reference.quantization import QuantizationSpec, requires_device_weight_processing
+from reference.report import LoadReport, TensorRecord
+
+# Declared support per loader kind (ADM-3). Loader classes point at these same values.
+TRANSFORMER_DIRECT_SUPPORT = DirectSupport(dit_flag=True)
+VAE_DIRECT_SUPPORT = DirectSupport(components=frozenset({"vae", "video_vae"}))
+VOCODER_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
+DIRECT_SUPPORT: dict[str, DirectSupport] = {
+    "transformer": TRANSFORMER_DIRECT_SUPPORT,
+    "vae": VAE_DIRECT_SUPPORT,
+    "vocoder": VOCODER_DIRECT_SUPPORT,
+}
+
+
+def loader_kind(component: str) -> str:
+    """The kind of loader a component needs, by its name.
+
+    Raises:
+        LoadError: for a component no loader kind covers.
+    """
+    if is_transformer_component(component):
+        return "transformer"
+    if component in ("vae", "video_vae", "audio_vae"):
+        return "vae"
+    if component == "vocoder":
+        return "vocoder"
+    raise LoadError(
+        f"component {component!r}: no loader covers it; known kinds: {', '.join(DIRECT_SUPPORT)}"
+    )
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Everything `load_component` needs, decided before it runs.
+
+    Attributes:
+        component: the component to load.
+        args: the loading options.
+        direct: direct-GPU loading was asked for and admitted by the loader gate.
+        fsdp: the component is sharded with FSDP.
+        quantization: the quantization in force (after overrides), or None.
+        plan: the weight-load plan.
+    """
+
+    component: ComponentSpec
+    args: ServerArgs
+    direct: bool
+    fsdp: bool
+    quantization: QuantizationSpec | None
+    plan: WeightLoadPlan
+
+
+@dataclass(frozen=True)
+class LoadedComponent:
+    """A loaded component and the report of its load."""
+
+    name: str
+    module: nn.Module
+    report: LoadReport
+
+
+class ComponentLoader(ABC):
+    """Base of every component loader. Subclasses implement `load_component` and declare
+    `direct_support`; `load` is the template and is not overridden."""
+
+    kind: ClassVar[str] = "component"
+    direct_support: ClassVar[DirectSupport] = NO_DIRECT_SUPPORT
+    supports_fsdp: ClassVar[bool] = False
+
+    def __init__(self, *, registry: ModelRegistry = MODELS, platform: Platform = SYSTEM) -> None:
+        self.registry = registry
+        self.platform = platform
+
+    def supports_direct(self, component: str) -> bool:
+        """Whether this loader can load `component` directly onto the GPU by any flag."""
+        return component in self.direct_support.components or (
+            self.direct_support.dit_flag and is_transformer_component(component)
+        )
+
+    def load(self, component: ComponentSpec, args: ServerArgs) -> LoadedComponent:
+        """Load one component: admit, decide, then load (see the module docstring).
+
+        Raises:
+            ComponentCheckpointUnsupportedError: a request this loader cannot honour; raised
+                before anything else happens and never caught by a fallback (ADM-3, ADM-5).
+            LoadError: from the subclass's loading, naming what is at fault.
+        """
+        direct = check_loader(
+            self.direct_support,
+            component.name,
+            args,
+            loader=self.kind,
+            checkpoint_quantization=component.quantization,
+        )
+        fsdp = self.fsdp_enabled(component, args)
+        quantization = self.quantization_for(component, args)
+        request = LoadRequest(
+            component=component,
+            args=args,
+            direct=direct,
+            fsdp=fsdp,
+            quantization=quantization,
+            plan=self.plan_for(component, args, quantization=quantization, direct=direct),
+        )
+        start = time.perf_counter()
+        try:
+            module, records = self.load_component(request)
+        except ComponentCheckpointUnsupportedError:
+            raise  # an explicit request is honoured exactly or refused, never downgraded
+        except ValueError as exc:
+            if request.direct:
+                raise
+            module, records = self.load_fallback(request, exc)
+        report = LoadReport(
+            component=component.name,
+            plan=request.plan,
+            records=tuple(records),
+            seconds=time.perf_counter() - start,
+        )
+        return LoadedComponent(component.name, module, report)
+
+    # --- hooks, in the order load() calls them ---------------------------------------------------
+
+    def fsdp_enabled(self, component: ComponentSpec, args: ServerArgs) -> bool:
+        """Whether FSDP shards this component (only loaders that support it say yes)."""
+        return self.supports_fsdp and args.fsdp_inference
+
+    def quantization_for(
+        self, component: ComponentSpec, args: ServerArgs
+    ) -> QuantizationSpec | None:
+        """The quantization in force: the one the checkpoint's config declares, if any."""
+        return component.quantization
+
+    def plan_for(
+        self,
+        component: ComponentSpec,
+        args: ServerArgs,
+        *,
+        quantization: QuantizationSpec | None,
+        direct: bool,
+    ) -> WeightLoadPlan:
+        """The component's plan (PLAN-2, DEV-1/2); direct mode loads on the runtime device."""
+        offload = args.is_cpu_offloaded(component.name)
+        device = resolve_checkpoint_load_device(
+            args.runtime_device, component_cpu_offload=offload, quantization=quantization
+        )
+        return WeightLoadPlan.for_component(
+            checkpoint_load_device=args.runtime_device if direct else device,
+            needs_device_weight_postprocess=requires_device_weight_processing(quantization),
+            component_cpu_offload=offload,
+            load_full_state_dict_on_device=direct,
+        )
+
+    @abstractmethod
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+        """Load the component as `request` says. Returns the module and one record per tensor."""
+
+    def load_fallback(
+        self, request: LoadRequest, error: ValueError
+    ) -> tuple[nn.Module, list[TensorRecord]]:
+        """A generic path for checkpoints `load_component` refused with a plain ValueError.
+
+        Never called for a direct request or for the no-fallback error. The base has none and
+        re-raises the original error.
+        """
+        raise error
+
+
+def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
+    """Construct the component's model class from its config.json.
+
+    Raises:
+        CheckpointError: when the class is not registered or the config does not fit it.
+    """
+    cls = registry.resolve(spec.class_name, component=spec)
+    try:
+        return cls(**spec.init_kwargs)
+    except TypeError as exc:
+        raise CheckpointError(
+            str(spec.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"
+        ) from None
+
+
+def load_state_ordinarily(
+    module: nn.Module, component: ComponentSpec, device: torch.device
+) -> list[TensorRecord]:
+    """The ordinary path: read each tensor onto `device` and copy it into the module's state.
+
+    Raises:
+        CheckpointError: for unreadable weights.
+        StateMismatchError: listing missing and unexpected names.
+    """
+    checkpoint = open_checkpoint(component.folder)
+    expected = set(module.state_dict())
+    missing = sorted(expected - set(checkpoint.tensors))
+    unexpected = sorted(set(checkpoint.tensors) - expected)
+    if missing or unexpected:
+        raise StateMismatchError(
+            f"component {component.name!r}: checkpoint in {component.folder} does not match"
+            f" {type(module).__name__}; missing: {missing or 'none'}; unexpected:"
+            f" {unexpected or 'none'}"
+        )
+    reader = TensorReader(checkpoint)
+    try:
+        state = {name: reader.read(name, device=device) for name in reader}
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # torch reports shape mismatches as RuntimeError
+        one_line = " ".join(str(exc).split())
+        raise StateMismatchError(f"component {component.name!r}: {one_line}") from exc
+    finally:
+        reader.close()
+    return [TensorRecord(name, "copied", t.numel() * t.element_size()) for name, t in state.items()]
+
+
+class VocoderLoader(ComponentLoader):
+    """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3)."""
+
+    kind = "vocoder"
+    direct_support = VOCODER_DIRECT_SUPPORT
+
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+        spec = request.component
+        module = build_module(self.registry, spec)
+        records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
+        target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
+        return module.to(target).eval().requires_grad_(False), records
+
+
+LOADERS: dict[str, type[ComponentLoader]] = {"vocoder": VocoderLoader}
+"""Loader classes by kind. The transformer and VAE loaders register here beside the vocoder."""
+
+
+def loader_for(
+    component: str, *, registry: ModelRegistry = MODELS, platform: Platform = SYSTEM
+) -> ComponentLoader:
+    """A loader instance for `component`.
+
+    Raises:
+        LoadError: when no loader class of its kind is registered.
+    """
+    kind = loader_kind(component)
+    cls = LOADERS.get(kind)
+    if cls is None:
+        raise LoadError(
+            f"component {component!r}: no {kind} loader is available in this build;"
+            f" available: {', '.join(LOADERS)}"
+        )
+    return cls(registry=registry, platform=platform)

@@ -1,0 +1,248 @@
+"""A pipeline directory: `model_index.json` -> its components -> their model classes.
+
+Layout (the Diffusers convention):
+
+    PIPELINE_DIR/
+      model_index.json        {"_class_name": ..., "<component>": ["<library>", "<ClassName>"], ...}
+      <component>/config.json the model's constructor arguments (keys starting with "_" are
+                              metadata; "quantization_config" declares a quantized checkpoint)
+      <component>/*.safetensors  the weights, one file or shards with an index
+
+Parsing reads `model_index.json` and each component's `config.json`, never weights. Model classes
+are resolved by name through a `ModelRegistry` that callers (and the fakes) fill; nothing is
+imported by the name a config gives, so no code runs from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from torch import nn
+
+from reference.errors import CheckpointError
+from reference.quantization import QuantizationSpec
+
+MODEL_INDEX = "model_index.json"
+CONFIG = "config.json"
+QUANTIZATION_CONFIG = "quantization_config"
+
+_TRANSFORMER = re.compile(r"transformer(_[0-9]+)?")
+
+
+def is_transformer_component(name: str) -> bool:
+    """Whether `name` is a DiT component: `transformer`, `transformer_2`, `transformer_3`, ..."""
+    return _TRANSFORMER.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One declared component of a pipeline.
+
+    Attributes:
+        name: the component's key in model_index.json (`transformer`, `vae`, ...).
+        library: the library model_index.json names for its class.
+        class_name: the model class name, resolved through a ModelRegistry.
+        folder: the component's folder (config.json and weights).
+        config: its config.json (read-only), or an empty mapping when it has none.
+        quantization: the quantization its config declares, or None. A checkpoint that declares
+            one is stored in that format, so `serialized` is True.
+    """
+
+    name: str
+    library: str
+    class_name: str
+    folder: Path
+    config: Mapping[str, Any]
+    quantization: QuantizationSpec | None
+
+    @property
+    def init_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments: the config without metadata keys and quantization_config."""
+        return {
+            k: v
+            for k, v in self.config.items()
+            if not k.startswith("_") and k != QUANTIZATION_CONFIG
+        }
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A parsed pipeline directory.
+
+    Attributes:
+        root: the pipeline directory.
+        class_name: `_class_name` of model_index.json, or None.
+        components: declared components by name, in model_index.json order.
+    """
+
+    root: Path
+    class_name: str | None
+    components: Mapping[str, ComponentSpec]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Declared component names, in model_index.json order."""
+        return tuple(self.components)
+
+    @property
+    def transformer_components(self) -> tuple[str, ...]:
+        """The DiT components the pipeline declares (`transformer`, `transformer_2`, ...)."""
+        return tuple(name for name in self.components if is_transformer_component(name))
+
+    def component(self, name: str) -> ComponentSpec:
+        """The declared component `name`.
+
+        Raises:
+            CheckpointError: naming model_index.json and the declared components.
+        """
+        if name not in self.components:
+            raise CheckpointError(
+                str(self.root / MODEL_INDEX),
+                name,
+                f"no such component; declared: {', '.join(self.names) or 'none'}",
+            )
+        return self.components[name]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(str(path), None, "file not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(str(path), None, f"is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(str(path), None, f"must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _quantization(path: Path, config: Mapping[str, Any]) -> QuantizationSpec | None:
+    raw = config.get(QUANTIZATION_CONFIG)
+    if raw is None:
+        return None
+    method = raw.get("quant_method") if isinstance(raw, dict) else None
+    if not isinstance(method, str) or not method:
+        raise CheckpointError(
+            str(path),
+            QUANTIZATION_CONFIG,
+            'must be an object with a non-empty "quant_method", e.g. {"quant_method": "fp8"}',
+        )
+    return QuantizationSpec(method, serialized=True)
+
+
+def _component(root: Path, name: str, entry: list[Any]) -> ComponentSpec:
+    library, class_name = entry
+    folder = root / name
+    config_path = folder / CONFIG
+    config = _read_json(config_path) if config_path.exists() else {}
+    return ComponentSpec(
+        name=name,
+        library=library,
+        class_name=class_name,
+        folder=folder,
+        config=MappingProxyType(config),
+        quantization=_quantization(config_path, config),
+    )
+
+
+def read_pipeline(root: str | Path) -> Pipeline:
+    """Parse a pipeline directory's model_index.json and its components' config.json files.
+
+    Entries of model_index.json whose key starts with "_" are metadata; entries `[null, null]`
+    mark an absent component and are skipped. Weights are not opened.
+
+    Raises:
+        CheckpointError: naming the file (and key) at fault, for a missing or malformed
+            model_index.json or config.json, or an entry that is not `[library, ClassName]`.
+    """
+    root = Path(root)
+    index_path = root / MODEL_INDEX
+    index = _read_json(index_path)
+    components: dict[str, ComponentSpec] = {}
+    for name, entry in index.items():
+        if name.startswith("_") or entry == [None, None]:
+            continue
+        if not (
+            isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)
+        ):
+            raise CheckpointError(
+                str(index_path),
+                name,
+                f'must be ["<library>", "<ClassName>"] (or [null, null]), got {entry!r}',
+            )
+        components[name] = _component(root, name, entry)
+    class_name = index.get("_class_name")
+    return Pipeline(
+        root=root,
+        class_name=class_name if isinstance(class_name, str) else None,
+        components=MappingProxyType(components),
+    )
+
+
+class ModelRegistry:
+    """Model classes by class name. Filled explicitly; resolving never imports anything."""
+
+    def __init__(self) -> None:
+        self._classes: dict[str, type[nn.Module]] = {}
+
+    def register(self, cls: type[nn.Module], *, name: str | None = None) -> type[nn.Module]:
+        """Register `cls` under `name` (default: its `__name__`); usable as a decorator.
+
+        Registering the same class again is a no-op.
+
+        Raises:
+            ValueError: when the name is taken by another class.
+        """
+        key = name or cls.__name__
+        known = self._classes.get(key)
+        if known is not None and known is not cls:
+            raise ValueError(
+                f"model class name {key!r} is already registered for"
+                f" {known.__module__}.{known.__qualname__}; register {cls.__qualname__} under"
+                " another name"
+            )
+        self._classes[key] = cls
+        return cls
+
+    def names(self) -> tuple[str, ...]:
+        """Registered class names, sorted."""
+        return tuple(sorted(self._classes))
+
+    def resolve(
+        self, class_name: str, *, component: ComponentSpec | None = None
+    ) -> type[nn.Module]:
+        """The model class registered as `class_name`.
+
+        Args:
+            class_name: the name model_index.json gives.
+            component: the component asking, so the error can name its model_index.json entry.
+
+        Raises:
+            CheckpointError: when the class is not registered, naming model_index.json and the
+                component (when given), the registered names and how to register one.
+        """
+        cls = self._classes.get(class_name)
+        if cls is None:
+            source = (
+                "model registry"
+                if component is None
+                else str(component.folder.parent / MODEL_INDEX)
+            )
+            raise CheckpointError(
+                source,
+                None if component is None else component.name,
+                f"model class {class_name!r} is not registered; registered:"
+                f" {', '.join(self.names()) or 'none'}. Register it with"
+                " MODELS.register(YourClass) before loading",
+            )
+        return cls
+
+
+MODELS = ModelRegistry()
+"""The reference's registry. Model code (and the fakes) register their classes here."""

@@ -1,0 +1,211 @@
+"""The reference's pipeline folders, model registry, loader lookup and option parsing details."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fakes.pipelines import FULL_PIPELINE, FakeBlock, FakeComponent, FakeVocoder, write_pipeline
+from fakes.platform import FakePlatform
+from reference.admission import DirectSupport, check_arguments
+from reference.args import ServerArgs, parse_args
+from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
+from reference.loaders import VocoderLoader, loader_for, loader_kind
+from reference.pipeline import ModelRegistry, is_transformer_component, read_pipeline
+from reference.quantization import QuantizationSpec
+
+pytestmark = pytest.mark.internal
+
+CPU = torch.device("cpu")
+
+
+def test_read_pipeline_parses_components_in_order(tmp_path: Path) -> None:
+    quantized = FakeComponent(FakeBlock, {"width": 2}, quantization_config={"quant_method": "fp8"})
+    root = write_pipeline(
+        tmp_path,
+        {"transformer": quantized, "vocoder": FULL_PIPELINE["vocoder"]},
+        extra_index={"scheduler": ["diffusers", "FlowMatch"], "text_encoder": [None, None]},
+    )
+    pipeline = read_pipeline(root)
+    assert pipeline.class_name == "FakePipeline"
+    assert pipeline.names == ("transformer", "vocoder", "scheduler")
+    assert pipeline.transformer_components == ("transformer",)
+    dit = pipeline.component("transformer")
+    assert (dit.library, dit.class_name, dit.folder) == ("fakes", "FakeBlock", root / "transformer")
+    assert dit.quantization == QuantizationSpec("fp8", serialized=True)
+    assert dit.init_kwargs == {"width": 2}
+    scheduler = pipeline.component("scheduler")
+    assert (dict(scheduler.config), scheduler.quantization) == ({}, None)
+    with pytest.raises(TypeError):
+        dit.config["width"] = 3  # type: ignore[index]
+    with pytest.raises(CheckpointError, match=r"model_index\.json \[vae\]: no such component"):
+        pipeline.component("vae")
+
+
+@pytest.mark.parametrize(
+    ("index", "config", "words"),
+    [
+        (None, None, r"model_index\.json: file not found"),
+        ("{not json", None, "not valid JSON"),
+        ("[1, 2]", None, "must be a JSON object, got list"),
+        ('{"vae": "AutoencoderKL"}', None, r"\[vae\]: must be \[\"<library>\""),
+        ('{"vae": ["fakes", "FakeBlock"]}', '{"quantization_config": {}}', "quant_method"),
+    ],
+    ids=["missing", "bad-json", "not-object", "bad-entry", "bad-quantization"],
+)
+def test_read_pipeline_errors_name_file_and_entry(
+    tmp_path: Path, index: str | None, config: str | None, words: str
+) -> None:
+    if index is not None:
+        (tmp_path / "model_index.json").write_text(index)
+    if config is not None:
+        (tmp_path / "vae").mkdir()
+        (tmp_path / "vae" / "config.json").write_text(config)
+    with pytest.raises(CheckpointError, match=words):
+        read_pipeline(tmp_path)
+
+
+def test_transformer_component_names() -> None:
+    assert [is_transformer_component(n) for n in ("transformer", "transformer_2", "transformer_10")]
+    assert not any(
+        is_transformer_component(n)
+        for n in ("transformer_", "transformers", "vae", "my_transformer")
+    )
+
+
+def test_registry_registers_and_refuses_unknown_and_conflicting_names(tmp_path: Path) -> None:
+    registry = ModelRegistry()
+    assert registry.register(FakeBlock) is FakeBlock
+    registry.register(FakeBlock)  # idempotent
+    with pytest.raises(ValueError, match="'FakeBlock' is already registered"):
+        registry.register(FakeVocoder, name="FakeBlock")
+    assert registry.resolve("FakeBlock") is FakeBlock
+    with pytest.raises(CheckpointError, match=r"model registry: model class 'Nope'.*FakeBlock"):
+        registry.resolve("Nope")
+    spec = read_pipeline(write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]}))
+    with pytest.raises(CheckpointError, match=r"model_index\.json \[vocoder\]: .*'FakeVocoder'"):
+        VocoderLoader(registry=registry).load(
+            spec.component("vocoder"), ServerArgs(runtime_device=CPU)
+        )
+
+
+def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path: Path) -> None:
+    root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
+    spec = read_pipeline(root).component("vocoder")
+    args = ServerArgs(runtime_device=CPU, component_cpu_offload={"vocoder": True})
+    loaded = VocoderLoader().load(spec, args)
+    assert loaded.report.plan.checkpoint_load_device == CPU
+    assert loaded.report.copied == (5, sum(t.nbytes for t in loaded.module.state_dict().values()))
+    assert not any(p.requires_grad for p in loaded.module.parameters())
+    # Same class, other shapes: refused naming the component (no fallback in the base class).
+    wrong = FakeComponent(FakeVocoder, {"channels": 2, "upsample": 2})
+    root2 = write_pipeline(tmp_path / "wrong", {"vocoder": wrong})
+    (root2 / "vocoder" / "config.json").write_text(json.dumps({"channels": 4, "upsample": 2}))
+    with pytest.raises(StateMismatchError, match=r"'vocoder'.*size mismatch"):
+        VocoderLoader().load(read_pipeline(root2).component("vocoder"), args)
+    odd = FakeComponent(FakeBlock, {"width": 4})
+    root3 = write_pipeline(tmp_path / "odd", {"vocoder": odd})
+    (root3 / "model_index.json").write_text(json.dumps({"vocoder": ["fakes", "FakeVocoder"]}))
+    with pytest.raises(CheckpointError, match=r"config\.json: does not fit FakeVocoder.*'width'"):
+        VocoderLoader().load(read_pipeline(root3).component("vocoder"), args)
+    (root3 / "vocoder" / "config.json").write_text(json.dumps({"channels": 4, "upsample": 2}))
+    with pytest.raises(StateMismatchError, match=r"missing: \['conv.bias'"):
+        VocoderLoader().load(read_pipeline(root3).component("vocoder"), args)
+
+
+def test_loader_lookup() -> None:
+    assert [loader_kind(n) for n in ("transformer_2", "audio_vae", "vocoder")] == [
+        "transformer",
+        "vae",
+        "vocoder",
+    ]
+    with pytest.raises(LoadError, match="'text_encoder': no loader covers it"):
+        loader_kind("text_encoder")
+    platform = FakePlatform()
+    loader = loader_for("vocoder", platform=platform)
+    assert isinstance(loader, VocoderLoader)
+    assert loader.platform is platform
+    assert loader.supports_direct("vocoder") is False
+    with pytest.raises(LoadError, match="no vae loader is available"):
+        loader_for("vae")
+
+
+def test_direct_support_describes_itself() -> None:
+    both = DirectSupport(dit_flag=True, components=frozenset({"vae"}))
+    assert both.describe() == (
+        "transformer components via --direct-gpu-weight-loading and"
+        " --component-direct-gpu-weight-loading.<vae>"
+    )
+    assert DirectSupport().describe() == "no direct-GPU loading"
+
+
+def test_parse_args_fills_every_option() -> None:
+    args, rest = parse_args(
+        [
+            "--device=cuda:1",
+            "--dit-cpu-offload",
+            "--dit_layerwise_offload=false",
+            "--component-cpu-offload.video-vae",
+            "--fsdp-inference",
+            "FALSE",
+            "--tp-size",
+            "2",
+            "--quantization",
+            "fp8",
+            "--quantization-serialized",
+        ]
+    )
+    assert rest == []
+    assert args.runtime_device == torch.device("cuda", 1)
+    assert (args.dit_cpu_offload, args.dit_layerwise_offload, args.fsdp_inference) == (
+        True,
+        False,
+        False,
+    )
+    assert dict(args.component_cpu_offload) == {"video_vae": True}
+    assert (args.tp_size, args.quantization) == (2, QuantizationSpec("fp8", serialized=True))
+    assert args.is_cpu_offloaded("video-vae")
+    assert args.is_cpu_offloaded("transformer")
+    assert args.cpu_offload_flag("video_vae") == "--component-cpu-offload.video_vae=True"
+    assert args.cpu_offload_flag("transformer") == "--dit-cpu-offload"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--device", "nowhere"], "--device: 'nowhere' is not a device"),
+        (["--tp-size", "0"], "--tp-size: expected an integer >= 1"),
+        (["--tp-size"], "--tp-size.*expected one argument"),
+        (["--quantization="], "--quantization: empty method"),
+        (["--quantization-serialized"], "needs --quantization METHOD"),
+    ],
+)
+def test_parse_args_errors(argv: list[str], words: str) -> None:
+    with pytest.raises(ArgumentError, match=words):
+        parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"runtime_device": "cuda"}, "runtime_device must be a torch.device"),
+        ({"tp_size": 0}, "tp_size must be an integer >= 1"),
+        ({"tp_size": True}, "tp_size must be an integer >= 1"),
+        ({"fsdp_inference": 1}, "fsdp_inference must be True or False"),
+        ({"quantization": "fp8"}, "quantization must be a QuantizationSpec"),
+        ({"component_cpu_offload": [("vae", True)]}, "component_cpu_offload must map"),
+    ],
+)
+def test_server_args_validate_every_field(options: dict[str, object], words: str) -> None:
+    with pytest.raises(ArgumentError, match=words):
+        ServerArgs(**options)  # type: ignore[arg-type]
+
+
+def test_arguments_gate_defaults_to_the_main_transformer() -> None:
+    args = ServerArgs(direct_gpu_weight_loading=True, dit_cpu_offload=True)
+    with pytest.raises(ArgumentError, match="'transformer' is offloaded"):
+        check_arguments(args, platform=FakePlatform())
+    assert check_arguments(ServerArgs(), platform=FakePlatform(cuda=False)) == ()
