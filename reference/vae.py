@@ -4,7 +4,8 @@ One load, in order:
   1. refusals (VAE-12): quantization or custom code (`auto_map`) in the config, a quantization
      request, or quantization declared in the checkpoint's own metadata;
   2. headers: `open_checkpoint` validates every file and the shard index (CKPT-2, CKPT-4);
-  3. build on `meta` (VAE-1): no parameter or buffer storage is allocated;
+  3. build on `meta` (VAE-1): no parameter or buffer storage is allocated; a decode dtype the
+     VAE cannot hold is refused here (VAE-11);
   4. slots (VAE-2..6): the standard state-dict ABI on every submodule, no tied state;
   5. preflight (CKPT-3): names and shapes from the headers against the slots;
   6. stream (VAE-1, VAE-7, VAE-10): one tensor at a time into its slot on `device`;
@@ -34,6 +35,7 @@ from reference.vae_postload import (
     apply_vae_policy,
     check_state_kept,
     rebuild_non_persistent_buffers,
+    require_decode_dtype_support,
 )
 
 # Where a VAE's quantization shows up: its component config, or its checkpoint's __metadata__.
@@ -135,6 +137,8 @@ def load_vae(
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.metadata, checkpoint.files[0].name)
     module = build_on_meta(build, component=component)
+    if decode_dtype is not None:
+        require_decode_dtype_support(module, decode_dtype, component=component)
     slots = state_slots(module, component=component)
     plan = preflight(checkpoint, slots, component=component)
     reader = TensorReader(checkpoint)

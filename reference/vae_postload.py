@@ -113,12 +113,12 @@ def to_channels_last_3d(module: nn.Module) -> tuple[str, ...]:
     return tuple(converted)
 
 
-def hold_decoder_in_decode_dtype(module: nn.Module, dtype: torch.dtype, *, component: str) -> None:
-    """VAE-11: hand the decode dtype to the VAE's own `prepare_decode_dtype(dtype)` method.
+def require_decode_dtype_support(module: nn.Module, dtype: torch.dtype, *, component: str) -> None:
+    """VAE-11: refuse, before anything is read, a decode dtype the VAE cannot hold.
 
     Raises:
-        ArgumentError: the VAE has no such method, or `dtype` is not a floating dtype; the
-            request is refused rather than ignored.
+        ArgumentError: the VAE has no `prepare_decode_dtype(dtype)` method, or `dtype` is not a
+            floating dtype; the request is refused rather than ignored.
     """
     if not _has_method(module, DECODE_DTYPE_HOOK):
         raise ArgumentError(
@@ -128,6 +128,15 @@ def hold_decoder_in_decode_dtype(module: nn.Module, dtype: torch.dtype, *, compo
         )
     if not dtype.is_floating_point:
         raise ArgumentError(f"{component}: decode_dtype={dtype} is not a floating dtype")
+
+
+def hold_decoder_in_decode_dtype(module: nn.Module, dtype: torch.dtype, *, component: str) -> None:
+    """VAE-11: hand the decode dtype to the VAE's own `prepare_decode_dtype(dtype)` method.
+
+    Raises:
+        ArgumentError: as `require_decode_dtype_support`.
+    """
+    require_decode_dtype_support(module, dtype, component=component)
     getattr(module, DECODE_DTYPE_HOOK)(dtype)
 
 

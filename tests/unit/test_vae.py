@@ -464,14 +464,16 @@ def test_layout_and_decode_dtype_policy_match_the_ordinary_path(
 
 
 @pytest.mark.rule("VAE-11")
-def test_decode_dtype_on_a_vae_without_the_hook_is_refused(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+def test_decode_dtype_on_a_vae_without_the_hook_is_refused_before_reading(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, mocker: MockerFixture
 ) -> None:
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
+    log = _log_reads(mocker)
     with pytest.raises(ArgumentError, match=r"decode_dtype=torch\.bfloat16.*prepare_decode_dtype"):
         loader.load_vae(
             lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
         )
+    assert log.names == []
 
 
 @pytest.mark.rule("VAE-12")
