@@ -10,7 +10,7 @@ paths), so another loader's adapter converts to and from its own types at this b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,10 +20,13 @@ from reference import admission, loaders, preflight
 from reference import args as args_mod
 from reference import pipeline as pipeline_mod
 from reference import plan as plan_mod
+from reference import slots as slots_mod
+from reference import vae as vae_mod
 from reference.args import ServerArgsLike, own_server_args
 from reference.checkpoint import open_checkpoint
 from reference.platform import Platform
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
+from reference.report import LoadReport
 
 # Capability names. A test names the one it needs with @pytest.mark.capability(NAME).
 PLANS = "plans"
@@ -124,6 +127,35 @@ class LoaderAdapter(Protocol):
     # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP (ZC, DG-4/5, FP8-2..6) ---------
 
     # --- VAE: slots, preflight, streaming (VAE, CKPT-2/3) --------------------------------------
+    def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
+        """Names of the module's slots: its parameters and persistent buffers (VAE-4).
+
+        Raises ValueError when the module departs from the standard state-dict ABI on any
+        submodule (VAE-2, VAE-3), its state-dict keys differ from its slots (VAE-5), or it ties
+        state (VAE-6), naming the offending entries.
+        """
+        ...
+
+    def load_vae(
+        self,
+        build: Callable[[], torch.nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[torch.nn.Module, LoadReport]:
+        """Direct VAE load (VAE-1..13, CKPT-2/3): `build()` runs with `meta` as the default
+        device; the checkpoint's headers are checked against the slots before any tensor data is
+        read; tensors stream one at a time into their slots on `device`, converted to each
+        slot's dtype. Refusals raise ValueError subclasses; quantized or custom-code VAEs raise
+        `ComponentCheckpointUnsupportedError` before `build` is called. The report holds one
+        "streamed" record per tensor.
+        """
+        ...
 
     # --- arguments and admission (ARGS, DG-1..3/6/7, ADM) --------------------------------------
     def parse_server_args(self, argv: Sequence[str]) -> tuple[ServerArgsLike, list[str]]:
@@ -233,6 +265,31 @@ class ReferenceAdapter:
     # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP ---------------------------------
 
     # --- VAE: slots, preflight, streaming ------------------------------------------------------
+    def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
+        return frozenset(slots_mod.state_slots(module, component=type(module).__name__))
+
+    def load_vae(
+        self,
+        build: Callable[[], torch.nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[torch.nn.Module, LoadReport]:
+        return vae_mod.load_vae(
+            build,
+            checkpoint,
+            device=device,
+            component=component,
+            config=config,
+            quantization=quantization,
+            decode_dtype=decode_dtype,
+            channels_last_3d=channels_last_3d,
+        )
 
     # --- arguments and admission ---------------------------------------------------------------
     def parse_server_args(self, argv: Sequence[str]) -> tuple[args_mod.ServerArgs, list[str]]:
@@ -292,7 +349,7 @@ class ReferenceAdapter:
 _DIT_CAPABILITIES: frozenset[str] = frozenset()
 
 # VAE capabilities of the reference (section owner adds them here).
-_VAE_CAPABILITIES: frozenset[str] = frozenset()
+_VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})
 
 # Arguments/admission capabilities of the reference (section owner adds them here).
 _ADMISSION_CAPABILITIES: frozenset[str] = frozenset({CLI_ARGS, ADMISSION, PIPELINES})

@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from pytest_mock import MockerFixture
 
 from fakes.checkpoints import write_checkpoint
 from fakes.corrupt import CASES, write_bad_checkpoint
+from fakes.vae import RecordingBuild, StandardVAE, randomized_state
+from fakes.vae_checkpoints import ReadLog, write_defective_vae_checkpoint, write_vae_checkpoint
+from reference.adapter import VAE_STREAM, LoaderAdapter
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
 
@@ -101,3 +105,82 @@ def test_corrupt_checkpoint_is_one_clear_error(tmp_path: Path, case: str) -> Non
     assert error.entry == bad.entry
     assert bad.words in str(error)
     assert bad.file in str(error)
+
+
+# --- CKPT-2, CKPT-3 through the VAE streaming loader -----------------------------------------
+
+
+def _vae_state() -> dict[str, torch.Tensor]:
+    return dict(randomized_state(StandardVAE(), 3))
+
+
+@pytest.mark.rule("CKPT-2")
+@pytest.mark.capability(VAE_STREAM)
+@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize("given", ["index", "folder"])
+def test_sharded_vae_checkpoint_streams_like_a_single_file(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    *,
+    mocker: MockerFixture,
+    shards: int,
+    given: str,
+) -> None:
+    state = _vae_state()
+    index = write_vae_checkpoint(state, tmp_path / "sharded", shards=shards)
+    assert index.name.endswith(".safetensors.index.json")
+    single = write_vae_checkpoint(state, tmp_path / "single")
+    log = ReadLog()
+    mocker.patch.object(TensorReader, "read", log.wrap(TensorReader.read))
+    sharded, report = loader.load_vae(
+        RecordingBuild(), index if given == "index" else index.parent, device=runtime_device
+    )
+    assert sorted(log.names) == sorted(state)
+    reference, _ = loader.load_vae(RecordingBuild(), single, device=runtime_device)
+    expected = reference.state_dict()
+    for name, tensor in sharded.state_dict().items():
+        assert tensor.dtype == expected[name].dtype, name
+        assert torch.equal(
+            tensor.cpu().reshape(-1).view(torch.uint8),
+            expected[name].cpu().reshape(-1).view(torch.uint8),
+        )
+    assert report.streamed[0] == len(state)
+
+
+@pytest.mark.rule("CKPT-2")
+@pytest.mark.capability(VAE_STREAM)
+def test_index_disagreeing_with_its_shards_fails_before_the_vae_is_built(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+) -> None:
+    index = write_vae_checkpoint(_vae_state(), tmp_path, shards=2)
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["decoder.ghost.weight"] = raw["weight_map"]["latent_scale"]
+    index.write_text(json.dumps(raw))
+    build = RecordingBuild()
+    with pytest.raises(CheckpointError, match=r"\[decoder\.ghost\.weight\].*header lacks it"):
+        loader.load_vae(build, index, device=runtime_device)
+    assert build.built == []
+
+
+@pytest.mark.rule("CKPT-3")
+@pytest.mark.capability(VAE_STREAM)
+@pytest.mark.parametrize("defect", ["duplicate", "unknown", "missing", "wrong_shape"])
+def test_header_mismatch_fails_before_any_tensor_data_is_read(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    mocker: MockerFixture,
+    defect: str,
+) -> None:
+    bad = write_defective_vae_checkpoint(defect, _vae_state(), tmp_path)
+    log = ReadLog()
+    mocker.patch.object(TensorReader, "read", log.wrap(TensorReader.read))
+    from_file = mocker.spy(torch.UntypedStorage, "from_file")
+    build = RecordingBuild()
+    with pytest.raises(ValueError, match=bad.name.replace(".", r"\.")):
+        loader.load_vae(build, bad.path, device=runtime_device)
+    assert log.names == []
+    assert from_file.call_count == 0  # no file was even mapped
+    # the module, where one was built, is untouched: every slot still on meta
+    assert all(t.is_meta for m in build.built for t in m.state_dict().values())

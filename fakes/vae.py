@@ -1,0 +1,351 @@
+"""A tiny video VAE that loads under the standard state-dict ABI, and one violator per rule.
+
+`StandardVAE` has what real video VAEs carry: Conv3d encoder and decoder blocks, group norm, a
+batch norm (torch's versioned `_load_from_state_dict`), a weight-norm parametrization (torch's
+compatibility load hook), a persistent buffer, a frozen parameter, a float8 parameter, and a
+non-persistent frequency table computed in `__init__` that its `rebuild_buffers(device)` hook
+recomputes after a meta build. `prepare_decode_dtype(dtype)` holds the decoder's weights in bf16
+or fp16.
+
+Each violator is a `StandardVAE` with exactly one thing changed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """Sizes of the fake; inputs are (batch, in_channels, frames, height, width)."""
+
+    in_channels: int = 3
+    hidden: int = 8
+    latent_channels: int = 4
+    frames: int = 4
+    groups: int = 4
+
+
+def frequency_table(channels: int, frames: int, device: torch.device | None = None) -> torch.Tensor:
+    """(frames, channels) rotary-style angles, as video VAEs compute them in `__init__`."""
+    inv = 1.0 / (10000.0 ** (torch.arange(channels, device=device, dtype=torch.float32) / channels))
+    return torch.outer(torch.arange(frames, device=device, dtype=torch.float32), inv)
+
+
+class ResBlock3d(nn.Module):
+    def __init__(self, channels: int, groups: int) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, channels)
+        self.conv1 = nn.Conv3d(channels, channels, 3, padding=1)
+        self.norm2 = nn.GroupNorm(groups, channels)
+        self.conv2 = nn.Conv3d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        out: torch.Tensor = x + self.conv2(F.silu(self.norm2(h)))
+        return out
+
+
+class TemporalModulation(nn.Module):
+    """Scales each frame by a cosine of a frequency table: a non-persistent buffer."""
+
+    def __init__(self, channels: int, frames: int) -> None:
+        super().__init__()
+        self.channels, self.frames = channels, frames
+        self.register_buffer("freqs", frequency_table(channels, frames), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        table = self.freqs[: x.shape[2]].to(x.dtype)  # type: ignore[index]
+        return x * (1 + 0.1 * torch.cos(table)).t()[None, :, :, None, None]
+
+
+class RebuildingTemporalModulation(TemporalModulation):
+    """The same, with the hook that recomputes the table after a meta build."""
+
+    def rebuild_buffers(self, device: torch.device) -> None:
+        # Computed on CPU, as construction does, so values match an ordinary build bit for bit.
+        self.freqs = frequency_table(self.channels, self.frames, torch.device("cpu")).to(device)
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: VAEConfig) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv3d(c.in_channels, c.hidden, 3, padding=1)
+        self.norm = nn.BatchNorm3d(c.hidden)
+        self.block = ResBlock3d(c.hidden, c.groups)
+        self.conv_out = nn.Conv3d(c.hidden, 2 * c.latent_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.norm(self.conv_in(x)))
+        out: torch.Tensor = self.conv_out(self.block(h))
+        return out
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: VAEConfig) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv3d(c.latent_channels, c.hidden, 3, padding=1)
+        self.block = ResBlock3d(c.hidden, c.groups)
+        self.temporal: TemporalModulation = RebuildingTemporalModulation(c.hidden, c.frames)
+        self.channel_mix = weight_norm(nn.Linear(c.hidden, c.hidden))
+        # float8 with the default requires_grad=True: a loader must not keep that flag (VAE-10).
+        self.fp8_bias = nn.Parameter(torch.zeros(c.hidden, dtype=torch.float8_e4m3fn))
+        self.conv_out = nn.Conv3d(c.hidden, c.in_channels, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.temporal(self.block(self.conv_in(z)))
+        h = self.channel_mix(h.movedim(1, -1)).movedim(-1, 1)
+        h = h + self.fp8_bias.to(h.dtype)[None, :, None, None, None]
+        out: torch.Tensor = self.conv_out(F.silu(h))
+        return out
+
+
+class StandardVAE(nn.Module):
+    """encode: video -> latent mean; decode: latent -> video; forward = decode(encode(x))."""
+
+    latent_scale: torch.Tensor
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__()
+        c = config or VAEConfig()
+        self.config = c
+        self.encoder = Encoder(c)
+        self.decoder = Decoder(c)
+        self.register_buffer("latent_scale", torch.ones(c.latent_channels))
+        self.latent_shift = nn.Parameter(torch.zeros(c.latent_channels), requires_grad=False)
+        self.decode_dtype = torch.float32
+
+    def _latent(self, t: torch.Tensor) -> torch.Tensor:
+        return t[None, :, None, None, None]
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        mean: torch.Tensor = self.encoder(x).chunk(2, dim=1)[0]
+        return (mean - self._latent(self.latent_shift)) * self._latent(self.latent_scale)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        z = z * self._latent(self.latent_scale) + self._latent(self.latent_shift)
+        out: torch.Tensor = self.decoder(z.to(self.decode_dtype))
+        return out.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    def prepare_decode_dtype(self, dtype: torch.dtype) -> None:
+        """Hold the decoder's float32 weights in `dtype` (bf16 or fp16); float8 stays float8."""
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"decode dtype must be bfloat16 or float16, got {dtype}")
+        for param in self.decoder.parameters():
+            if param.dtype == torch.float32:
+                param.data = param.data.to(dtype)
+        self.decode_dtype = dtype
+
+
+# --- one violator per rule --------------------------------------------------------------------
+
+
+class StateDictOverrideVAE(StandardVAE):
+    """VAE-2: the root overrides `state_dict`."""
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return super().state_dict(*args, **kwargs)
+
+
+class PatchedInstanceVAE(StandardVAE):
+    """VAE-2: the root instance carries its own `load_state_dict`."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.load_state_dict = self._load  # type: ignore[method-assign,assignment]
+
+    def _load(self, state: Any, strict: bool = True) -> Any:
+        return nn.Module.load_state_dict(self, state, strict)
+
+
+class LegacyKeysConv3d(nn.Conv3d):
+    """Renames legacy keys on load: code that direct streaming would skip."""
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        if prefix + "kernel" in state_dict:
+            state_dict[prefix + "weight"] = state_dict.pop(prefix + "kernel")
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+class CustomLoadVAE(StandardVAE):
+    """VAE-3: a submodule overrides `_load_from_state_dict`."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.conv_in = LegacyKeysConv3d(c.latent_channels, c.hidden, 3, padding=1)
+
+
+class LegacyBatchNorm3d(nn.BatchNorm3d):
+    """A user subclass of a torch layer whose own override counts as standard."""
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        state_dict.pop(prefix + "num_batches_tracked", None)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+class OverriddenBatchNormVAE(StandardVAE):
+    """VAE-3: a user override of batch norm's (torch-shipped) `_load_from_state_dict`."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.encoder.norm = LegacyBatchNorm3d(self.config.hidden)
+
+
+class ScaledGroupNorm(nn.GroupNorm):
+    """Saves an extra entry beside its parameters."""
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "scale_inv"] = torch.ones(1)
+
+
+class ExtraEntryVAE(StandardVAE):
+    """VAE-3: a submodule's `_save_to_state_dict` adds an entry."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.block.norm2 = ScaledGroupNorm(c.groups, c.hidden)
+
+
+def rename_keys_hook(module: nn.Module, state: Any, prefix: str, metadata: Any) -> None:
+    """A user state-dict post-hook (renames the keys it finds)."""
+    for key in [k for k in state if k.startswith(prefix + "legacy_")]:
+        state[key.replace("legacy_", "")] = state.pop(key)
+
+
+class UserHookVAE(StandardVAE):
+    """VAE-3: user code registers a state-dict hook on a submodule."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.conv_out.register_state_dict_post_hook(rename_keys_hook)  # type: ignore[no-untyped-call]
+
+
+class CodebookState(nn.Module):
+    """Stateless, but saves extra state through `get_extra_state`."""
+
+    def get_extra_state(self) -> Any:
+        return torch.arange(4)
+
+    def set_extra_state(self, state: Any) -> None:
+        pass
+
+
+class ExtraStateVAE(StandardVAE):
+    """VAE-5: the state-dict keys include one that is not a slot (`_extra_state`)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.codebook = CodebookState()
+
+
+class LateParamsTemporalModulation(RebuildingTemporalModulation):
+    def rebuild_buffers(self, device: torch.device) -> None:
+        super().rebuild_buffers(device)
+        self.register_parameter("gain", nn.Parameter(torch.ones(self.channels, device=device)))
+
+
+class LateParamsVAE(StandardVAE):
+    """VAE-5: a hook registers a parameter after construction."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.temporal = LateParamsTemporalModulation(c.hidden, c.frames)
+
+
+class TiedVAE(StandardVAE):
+    """VAE-6: two parameters tied (one tensor under two names)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.block.conv1.weight = self.encoder.block.conv1.weight
+
+
+class SharedModuleVAE(StandardVAE):
+    """VAE-6: one submodule registered under two paths."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.block.norm1 = self.encoder.block.norm1
+
+
+class UnrebuiltBufferVAE(StandardVAE):
+    """VAE-9: a non-persistent buffer that nothing rebuilds (stays on meta after a meta build)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.temporal = TemporalModulation(c.hidden, c.frames)
+
+
+class ExplicitDeviceTemporalModulation(TemporalModulation):
+    def __init__(self, channels: int, frames: int) -> None:
+        super().__init__(channels, frames)
+        # An explicit device wins over the default device, so a meta build keeps this buffer real.
+        self.freqs = frequency_table(channels, frames, torch.device("cpu"))
+
+
+class ExplicitBufferVAE(StandardVAE):
+    """VAE-9 (standard): construction keeps the buffer real by naming its device."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.temporal = ExplicitDeviceTemporalModulation(c.hidden, c.frames)
+
+
+class LazyVAE(StandardVAE):
+    """VAE-4: a lazy layer, whose parameter shapes are settled by its first forward."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.conv_in = nn.LazyConv3d(self.config.hidden, 3, padding=1)
+
+
+def randomized_state(model: nn.Module, seed: int) -> OrderedDict[str, torch.Tensor]:
+    """A deterministic, non-trivial state dict for `model` (CPU tensors of its dtypes)."""
+    g = torch.Generator().manual_seed(seed)
+    state: OrderedDict[str, torch.Tensor] = OrderedDict()
+    for name, tensor in model.state_dict().items():
+        if tensor.dtype.is_floating_point:
+            values = torch.randn(tensor.shape, generator=g) * 0.3
+            if name.endswith(("running_var", "latent_scale")):
+                values = values.abs() + 0.5
+        else:
+            values = torch.randint(0, 7, tensor.shape, generator=g)
+        state[name] = values.to(tensor.dtype)
+    return state
+
+
+class RecordingBuild:
+    """A build callable for a loader: builds `cls(config)` and records what it built.
+
+    Attributes:
+        built: every module built, in order.
+        built_on: for each, the device types its parameters and buffers had when built.
+    """
+
+    def __init__(self, cls: type[StandardVAE] = StandardVAE, config: VAEConfig | None = None):
+        self.cls = cls
+        self.config = config or VAEConfig()
+        self.built: list[nn.Module] = []
+        self.built_on: list[set[str]] = []
+
+    def __call__(self) -> nn.Module:
+        module = self.cls(self.config)
+        self.built.append(module)
+        self.built_on.append({t.device.type for t in (*module.parameters(), *module.buffers())})
+        return module

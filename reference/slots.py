@@ -1,0 +1,203 @@
+"""State slots of a module under the standard state-dict ABI (VAE-2..6).
+
+Direct streaming writes checkpoint tensors straight into a module's parameters and buffers instead
+of calling `load_state_dict`. That is only equivalent when the module uses torch's own state-dict
+machinery, so before any byte is read this module proves it:
+
+  * every submodule (not only the root) uses `torch.nn.Module`'s `state_dict`,
+    `_save_to_state_dict`, `_load_from_state_dict` and `load_state_dict`, or an override that torch
+    itself ships for a built-in layer (batch norm's versioned loading); user overrides are refused;
+  * no state-dict or load-state-dict hook comes from user code (torch's own, such as weight norm's
+    compatibility hook, are standard);
+  * no tensor is registered under two names (tied parameters, a submodule under two paths);
+  * the state-dict keys are exactly the slots: parameters and persistent buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reference.errors import StateDictABIError
+
+ABI_FUNCTIONS = ("state_dict", "_save_to_state_dict", "_load_from_state_dict", "load_state_dict")
+HOOK_TABLES = {
+    "_state_dict_pre_hooks": "state_dict pre-hook",
+    "_state_dict_hooks": "state_dict hook",
+    "_load_state_dict_pre_hooks": "load_state_dict pre-hook",
+    "_load_state_dict_post_hooks": "load_state_dict post-hook",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """One assignable entry of a module's state: a parameter or a persistent buffer.
+
+    Attributes:
+        name: the state-dict key (`decoder.conv_in.weight`).
+        owner: the submodule that holds it.
+        attr: its name inside `owner` (`weight`).
+        is_parameter: a parameter (else a persistent buffer).
+        shape, dtype: as built (on meta they are known without any data).
+        requires_grad: the parameter's flag as built (False for buffers).
+    """
+
+    name: str
+    owner: nn.Module
+    attr: str
+    is_parameter: bool
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+
+def _where(path: str) -> str:
+    return "the root module" if not path else f"submodule {path!r}"
+
+
+def is_torch_code(obj: object) -> bool:
+    """Whether a function, method, hook object or class comes from torch itself."""
+    obj = inspect.unwrap(obj)  # type: ignore[arg-type]  # torch's hook wrapper sets __wrapped__
+    while True:
+        if isinstance(obj, functools.partial):
+            obj = obj.func
+        elif inspect.ismethod(obj):
+            obj = obj.__func__
+        else:
+            break
+    origin = getattr(obj, "__module__", None) or type(obj).__module__
+    return origin == "torch" or origin.startswith("torch.")
+
+
+def _defining_class(cls: type, name: str) -> type:
+    return next(klass for klass in cls.__mro__ if name in vars(klass))
+
+
+def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
+    """VAE-2, VAE-3: every submodule uses torch's own state-dict functions and hooks.
+
+    Raises:
+        StateDictABIError: naming the submodule, the function or hook, and where it comes from.
+    """
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for name in ABI_FUNCTIONS:
+            if name in vars(sub):
+                raise StateDictABIError(
+                    f"{component}: {_where(path)} replaces {name} on the instance; direct"
+                    f" streaming needs torch's own state-dict functions. Remove the assignment or"
+                    f" load {component} without direct loading"
+                )
+            owner = _defining_class(type(sub), name)
+            function = vars(owner)[name]
+            if not (is_torch_code(owner) and is_torch_code(function)):
+                raise StateDictABIError(
+                    f"{component}: {_where(path)} ({type(sub).__qualname__}) overrides {name}"
+                    f" in {owner.__module__}.{owner.__qualname__}; direct streaming writes slots"
+                    f" directly and would skip that code. Remove the override or load {component}"
+                    " without direct loading"
+                )
+        for table, kind in HOOK_TABLES.items():
+            for hook in getattr(sub, table).values():
+                if not is_torch_code(hook):
+                    hook_name = getattr(inspect.unwrap(hook), "__qualname__", repr(hook))
+                    raise StateDictABIError(
+                        f"{component}: {_where(path)} has a user {kind} ({hook_name}); direct"
+                        " streaming writes slots directly and would skip it. Remove the hook or"
+                        f" load {component} without direct loading"
+                    )
+
+
+def named_state(module: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tensor, bool]]:
+    """Every (key, owner, attr, tensor, is_parameter) of the parameters and persistent buffers.
+
+    Nothing is deduplicated: a submodule under two paths contributes its entries once per path.
+    """
+    entries = []
+    for path, sub in module.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for attr, param in sub._parameters.items():
+            if param is not None:
+                entries.append((prefix + attr, sub, attr, param, True))
+        for attr, buf in sub._buffers.items():
+            if buf is not None and attr not in sub._non_persistent_buffers_set:
+                entries.append((prefix + attr, sub, attr, buf, False))
+    return entries
+
+
+def _refuse_tied(
+    module: nn.Module,
+    entries: list[tuple[str, nn.Module, str, torch.Tensor, bool]],
+    *,
+    component: str,
+) -> None:
+    names_by_tensor: dict[int, list[str]] = defaultdict(list)
+    for key, _, _, tensor, _ in entries:
+        names_by_tensor[id(tensor)].append(key)
+    tied = [names for names in names_by_tensor.values() if len(names) > 1]
+    if not tied:
+        return
+    paths_by_module: dict[int, list[str]] = defaultdict(list)
+    for path, sub in module.named_modules(remove_duplicate=False):
+        paths_by_module[id(sub)].append(path)
+    shared = [" and ".join(p) for p in paths_by_module.values() if len(p) > 1]
+    groups = "; ".join(" = ".join(names) for names in tied)
+    also = f" (submodule registered under several paths: {', '.join(shared)})" if shared else ""
+    raise StateDictABIError(
+        f"{component}: tied state, one tensor under several names: {groups}{also}. Direct"
+        " streaming fills each slot from its own checkpoint tensor; untie them or load"
+        f" {component} without direct loading"
+    )
+
+
+def state_slots(module: nn.Module, *, component: str) -> dict[str, Slot]:
+    """VAE-2..6: the slots of `module`, after proving it uses the standard state-dict ABI.
+
+    Slots are all parameters and persistent buffers; non-persistent buffers are not slots (they
+    are never saved, so a checkpoint cannot fill them).
+
+    Args:
+        module: typically built on `meta`; no tensor data is read.
+        component: named in error messages.
+
+    Returns:
+        Slots by state-dict key, in registration order.
+
+    Raises:
+        StateDictABIError: a user override or hook (VAE-2, VAE-3), a lazy or custom parameter
+            class, tied entries (VAE-6), or state-dict keys that differ from the slots (VAE-5).
+    """
+    check_state_dict_abi(module, component=component)
+    entries = named_state(module)
+    _refuse_tied(module, entries, component=component)
+    slots: dict[str, Slot] = {}
+    for key, owner, attr, tensor, is_parameter in entries:
+        if is_parameter and type(tensor) is not nn.Parameter:
+            raise StateDictABIError(
+                f"{component}: {key} is a {type(tensor).__name__}, not a plain nn.Parameter; its"
+                " shape or class is settled by code that direct streaming does not run. Use"
+                f" plain parameters or load {component} without direct loading"
+            )
+        slots[key] = Slot(
+            key,
+            owner,
+            attr,
+            is_parameter,
+            tuple(tensor.shape),
+            tensor.dtype,
+            bool(tensor.requires_grad) if is_parameter else False,
+        )
+    keys = set(module.state_dict(keep_vars=True))
+    extra, absent = sorted(keys - set(slots)), sorted(set(slots) - keys)
+    if extra or absent:
+        raise StateDictABIError(
+            f"{component}: state-dict keys differ from the slots (parameters and persistent"
+            f" buffers): keys that are not slots: {extra or 'none'}; slots missing from the"
+            f" state dict: {absent or 'none'}. Direct streaming can only fill slots; load"
+            f" {component} without direct loading"
+        )
+    return slots

@@ -1,0 +1,158 @@
+"""Direct VAE loading: build on meta, prove the state-dict ABI, preflight, stream, finish.
+
+One load, in order:
+  1. refusals (VAE-12): quantization or custom code (`auto_map`) in the config, a quantization
+     request, or quantization declared in the checkpoint's own metadata;
+  2. headers: `open_checkpoint` validates every file and the shard index (CKPT-2, CKPT-4);
+  3. build on `meta` (VAE-1): no parameter or buffer storage is allocated; a decode dtype the
+     VAE cannot hold is refused here (VAE-11);
+  4. slots (VAE-2..6): the standard state-dict ABI on every submodule, no tied state;
+  5. preflight (CKPT-3): names and shapes from the headers against the slots;
+  6. stream (VAE-1, VAE-7, VAE-10): one tensor at a time into its slot on `device`;
+  7. after the stream (VAE-8, VAE-9): non-persistent buffers rebuilt, state unchanged by hooks;
+  8. policy (VAE-11): channels_last_3d and decode dtype, as on the ordinary path.
+CPU and CUDA targets run the same code; the device is an argument (VAE-13). The caller gets a
+complete module or an exception, never a half-loaded module (CKPT-5).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.errors import ComponentCheckpointUnsupportedError
+from reference.plan import WeightLoadPlan
+from reference.quantization import QuantizationSpec
+from reference.report import LoadReport
+from reference.slots import state_slots
+from reference.stream import preflight, stream
+from reference.vae_postload import (
+    apply_vae_policy,
+    check_state_kept,
+    rebuild_non_persistent_buffers,
+    require_decode_dtype_support,
+)
+
+# Where a VAE's quantization shows up: its component config, or its checkpoint's __metadata__.
+QUANTIZATION_KEYS = ("quantization_config", "quant_method")
+
+
+def refuse_unsupported_config(
+    component: str, config: Mapping[str, object] | None, quantization: QuantizationSpec | None
+) -> None:
+    """VAE-12: refuse what direct streaming cannot honour, before any file is opened.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: for a quantization request, a quantization config,
+            or custom code (`auto_map`); no generic fallback loader is tried.
+    """
+    config = config or {}
+    found = [key for key in QUANTIZATION_KEYS if key in config]
+    if quantization is not None or found:
+        what = f"quantization {quantization.method!r}" if quantization else f"config {found[0]}"
+        raise ComponentCheckpointUnsupportedError(
+            f"{component}: direct VAE loading was requested for a quantized VAE ({what});"
+            " streaming fills native slots only and does not fall back to a generic loader."
+            f" Drop the direct-loading flag for {component}"
+        )
+    if config.get("auto_map"):
+        raise ComponentCheckpointUnsupportedError(
+            f"{component}: the config declares custom code (auto_map: {config['auto_map']!r});"
+            " direct VAE loading builds native classes only and never runs code shipped with a"
+            f" checkpoint. Drop the direct-loading flag for {component}"
+        )
+
+
+def refuse_quantized_metadata(component: str, metadata: Mapping[str, str], file: str) -> None:
+    """VAE-12: a checkpoint whose own metadata declares quantization is refused.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: naming the key and the file.
+    """
+    found = [key for key in QUANTIZATION_KEYS if key in metadata]
+    if found:
+        raise ComponentCheckpointUnsupportedError(
+            f"{component}: {file} declares {found[0]} in its metadata; direct VAE loading does"
+            " not load quantized checkpoints and does not fall back to a generic loader. Drop"
+            f" the direct-loading flag for {component}"
+        )
+
+
+def build_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
+    """VAE-1: run `build()` with `meta` as the default device, so nothing is allocated.
+
+    Raises:
+        TypeError: `build` did not return an `nn.Module`.
+    """
+    with torch.device("meta"):
+        module = build()
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{component}: build() returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def load_vae(
+    build: Callable[[], nn.Module],
+    checkpoint_path: str | os.PathLike[str],
+    *,
+    device: torch.device,
+    component: str = "vae",
+    config: Mapping[str, object] | None = None,
+    quantization: QuantizationSpec | None = None,
+    decode_dtype: torch.dtype | None = None,
+    channels_last_3d: bool = False,
+) -> tuple[nn.Module, LoadReport]:
+    """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
+
+    dtype policy: a checkpoint tensor whose dtype differs from its slot's is converted to the
+    slot's dtype once, on the way into the slot (the record says so).
+
+    Args:
+        build: constructs the VAE; called once, with `meta` as the default device.
+        checkpoint_path: a `.safetensors` file, a shard index, or a folder holding either.
+        device: the target device (cpu or cuda).
+        component: the pipeline component name, used in messages and the report.
+        config: the component's config (refusals only: quantization, auto_map).
+        quantization: a requested quantization; direct loading refuses any.
+        decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
+        channels_last_3d: store Conv3d weights in channels_last_3d.
+
+    Returns:
+        The loaded module, and a report with one "streamed" record per tensor.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: VAE-12 refusals, before anything is built.
+        CheckpointError: unreadable files or a disagreeing shard index.
+        StateDictABIError: a non-standard state-dict ABI, tied state, or buffers left on meta.
+        StateMismatchError: unknown, missing or wrong-shape tensors, before any data is read.
+        ArgumentError: a decode dtype the VAE cannot hold.
+    """
+    start = time.perf_counter()
+    refuse_unsupported_config(component, config, quantization)
+    checkpoint = open_checkpoint(checkpoint_path)
+    refuse_quantized_metadata(component, checkpoint.metadata, checkpoint.files[0].name)
+    module = build_on_meta(build, component=component)
+    if decode_dtype is not None:
+        require_decode_dtype_support(module, decode_dtype, component=component)
+    slots = state_slots(module, component=component)
+    plan = preflight(checkpoint, slots, component=component)
+    reader = TensorReader(checkpoint)
+    try:
+        records, filled = stream(reader, slots, plan, device=device)
+    finally:
+        reader.close()
+    buffers = rebuild_non_persistent_buffers(module, device=device, component=component)
+    check_state_kept(module, filled, component=component)
+    policy = apply_vae_policy(
+        module, channels_last_3d=channels_last_3d, decode_dtype=decode_dtype, component=component
+    )
+    events = ("build on meta", "preflight", "stream", f"{len(buffers)} buffers rebuilt", *policy)
+    load_plan = WeightLoadPlan(
+        checkpoint_load_device=device, load_full_state_dict_on_device=device.type != "cpu"
+    )
+    return module, LoadReport(component, load_plan, records, time.perf_counter() - start, events)
