@@ -9,6 +9,7 @@ the load report keeps as the reason of each copy (ZC-14).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MethodType
@@ -177,22 +178,39 @@ def find_slots(module: nn.Module) -> tuple[dict[str, Slot], dict[str, str]]:
     return slots, aliases
 
 
-def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
-    start = int(tensor.storage_offset()) * tensor.element_size()
-    return start, start + int(tensor.nbytes)
+class AdoptedBytes:
+    """The byte ranges adopted so far, per memory space, to refuse adopting bytes twice (ZC-12).
 
+    Ranges are absolute addresses per device, so views of one file mapping that do not overlap
+    are told apart from views that do. Meta tensors have no memory: there, a storage is its own
+    space. Adopted ranges never overlap, so sorted by start only one neighbour needs checking.
+    """
 
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors share bytes: same storage and overlapping ranges, or same memory."""
-    if a.device != b.device or a.nbytes == 0 or b.nbytes == 0:
-        return False
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
-    if a.untyped_storage()._cdata == b.untyped_storage()._cdata:
-        return a0 < b1 and b0 < a1
-    if a.device.type == "meta":  # no memory: distinct storages never overlap
-        return False
-    base_a, base_b = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
-    return base_a + a0 < base_b + b1 and base_b + b0 < base_a + a1
+    def __init__(self) -> None:
+        self._spaces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+
+    @staticmethod
+    def _locate(tensor: torch.Tensor) -> tuple[tuple[str, int], int, int]:
+        storage = tensor.untyped_storage()
+        meta = tensor.device.type == "meta"
+        space = (str(tensor.device), storage._cdata if meta else 0)
+        start = (0 if meta else storage.data_ptr()) + int(tensor.storage_offset()) * (
+            tensor.element_size()
+        )
+        return space, start, start + int(tensor.nbytes)
+
+    def clash(self, tensor: torch.Tensor) -> str | None:
+        """The name of an adopted tensor sharing bytes with `tensor`, or None."""
+        space, start, end = self._locate(tensor)
+        ranges = self._spaces.get(space, [])
+        before = bisect.bisect_left(ranges, (end,))  # ranges starting before `end`
+        if start < end and before and ranges[before - 1][1] > start:
+            return ranges[before - 1][2]
+        return None
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        space, start, end = self._locate(tensor)
+        bisect.insort(self._spaces.setdefault(space, []), (start, end, name))
 
 
 def _like(param: torch.Tensor, data: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -260,7 +278,7 @@ def load_full_state(
     direct_device = load_device if direct else None
     loaded: dict[str, torch.Tensor] = {}
     records: list[TensorRecord] = []
-    adopted: list[tuple[str, torch.Tensor]] = []
+    adopted = AdoptedBytes()
     for name, read in tensors:
         if name in aliases:
             continue
@@ -277,12 +295,12 @@ def load_full_state(
             slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
         )
         if verdict.adopt:
-            clash = next((other for other, t in adopted if overlaps(t, tensor)), None)
+            clash = adopted.clash(tensor)
             if clash is not None:
                 verdict = Verdict(False, f"ZC-12: bytes already adopted by {clash}")
         if verdict.adopt:
             new = _like(slot.tensor, tensor, False)
-            adopted.append((name, tensor))
+            adopted.add(name, tensor)
         else:
             new = _copy(slot, tensor, load_device)
         loaded[name] = new

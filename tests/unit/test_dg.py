@@ -126,7 +126,8 @@ def test_direct_mode_values_equal_the_checkpoint(
     module, _ = loader.load_dit(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS)
     for name, tensor in module.state_dict().items():
         assert torch.equal(tensor.cpu(), state[name].float()), name
-    assert torch.equal(module.freqs.cpu(), rotary_freqs(module.config.hidden))
+    # recomputed on the device: equal to construction up to the last bit of pow on that device
+    torch.testing.assert_close(module.freqs.cpu(), rotary_freqs(module.config.hidden))
 
 
 @pytest.mark.rule("DG-5")
