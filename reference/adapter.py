@@ -10,21 +10,25 @@ paths), so another loader's adapter converts to and from its own types at this b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
-from reference import admission, loaders, preflight
+from reference import admission, adopt, dit, loaders, postload, preflight
 from reference import args as args_mod
 from reference import pipeline as pipeline_mod
 from reference import plan as plan_mod
 from reference import slots as slots_mod
 from reference import vae as vae_mod
+from reference.adopt import LinearKinds, Verdict
 from reference.args import ServerArgsLike, own_server_args
 from reference.checkpoint import open_checkpoint
 from reference.platform import Platform
+from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 from reference.report import LoadReport
 
@@ -125,6 +129,53 @@ class LoaderAdapter(Protocol):
         ...
 
     # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP (ZC, DG-4/5, FP8-2..6) ---------
+    def zero_copy_verdict(
+        self,
+        param: torch.Tensor,
+        checkpoint_tensor: torch.Tensor,
+        target: torch.Tensor,
+        *,
+        kinds: LinearKinds,
+        direct_device: torch.device | None = None,
+    ) -> Verdict:
+        """Adopt or copy, with the first failing condition as "ZC-n: ..." (ZC-1..8; DG-5 when
+        `direct_device` is given: the tensor must be there instead of on CPU)."""
+        ...
+
+    def load_full_state(
+        self,
+        module: nn.Module,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        component: str = "transformer",
+    ) -> LoadReport:
+        """Fill every slot of a `meta`-built module from (name, tensor) pairs, adopting eligible
+        tensors (ZC-9..12, DG-5). Raises ValueError for names or shapes that do not fit; on error
+        the module is left untouched."""
+        ...
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        """Build on meta, load the checkpoint as the plan says, post-process, maybe defer the
+        offload (ZC, DG-4/5, FP8-2..6). A failed quantized load raises (FP8-5)."""
+        ...
+
+    def offload_for_quantization(
+        self, options: OffloadOptions, quantization: QuantizationSpec | None
+    ) -> OffloadOptions:
+        """The offload options a quantization leaves in force (FP8-3)."""
+        ...
 
     # --- VAE: slots, preflight, streaming (VAE, CKPT-2/3) --------------------------------------
     def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
@@ -263,6 +314,75 @@ class ReferenceAdapter:
         return requires_device_weight_processing(quantization)
 
     # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP ---------------------------------
+    def zero_copy_verdict(
+        self,
+        param: torch.Tensor,
+        checkpoint_tensor: torch.Tensor,
+        target: torch.Tensor,
+        *,
+        kinds: LinearKinds,
+        direct_device: torch.device | None = None,
+    ) -> Verdict:
+        return adopt.zero_copy_verdict(
+            param, checkpoint_tensor, target, kinds=kinds, direct_device=direct_device
+        )
+
+    def load_full_state(
+        self,
+        module: nn.Module,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        component: str = "transformer",
+    ) -> LoadReport:
+        real = self._plan(plan)
+        records = adopt.load_full_state(
+            module,
+            tensors,
+            load_device=real.checkpoint_load_device,
+            kinds=kinds,
+            direct=real.load_full_state_dict_on_device,
+        )
+        return LoadReport(component=component, plan=real, records=records, events=("load",))
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        return dit.load_dit(
+            build,
+            checkpoint,
+            plan=self._plan(plan),
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+        )
+
+    def offload_for_quantization(
+        self, options: OffloadOptions, quantization: QuantizationSpec | None
+    ) -> OffloadOptions:
+        return postload.offload_for_quantization(options, quantization)
+
+    @staticmethod
+    def _plan(plan: PlanLike) -> plan_mod.WeightLoadPlan:
+        """The reference's own plan for any plan-like value (validated again: PLAN-3)."""
+        if isinstance(plan, plan_mod.WeightLoadPlan):
+            return plan
+        return plan_mod.WeightLoadPlan(
+            checkpoint_load_device=plan.checkpoint_load_device,
+            weight_postprocess_device=plan.weight_postprocess_device,
+            defer_cpu_offload=plan.defer_cpu_offload,
+            load_full_state_dict_on_device=plan.load_full_state_dict_on_device,
+        )
 
     # --- VAE: slots, preflight, streaming ------------------------------------------------------
     def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
@@ -346,7 +466,8 @@ class ReferenceAdapter:
 
 
 # DiT capabilities of the reference (section owner adds them here).
-_DIT_CAPABILITIES: frozenset[str] = frozenset()
+_DIT_CAPABILITIES: frozenset[str] = frozenset({ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL})
+
 
 # VAE capabilities of the reference (section owner adds them here).
 _VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})

@@ -1,0 +1,320 @@
+"""Zero-copy adoption and the full-state load of a module built on `meta` (ZC-1..12, DG-5).
+
+A checkpoint tensor may *become* a parameter's storage only when a TP=1 linear loader would do
+nothing but copy it (ZC-1..8). Every other tensor goes through a fresh tensor on the checkpoint
+load device, filled by the layer's own `weight_loader` (which shards for TP>1), or copied as is
+when the parameter has none. The predicate's verdict carries the first failing condition, which
+the load report keeps as the reason of each copy (ZC-14).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import MethodType
+
+import torch
+from torch import nn
+
+from reference.errors import StateMismatchError
+from reference.report import TensorRecord
+
+CPU = torch.device("cpu")
+# Parameters carrying one of these flags need more than a copy (ZC-7).
+SPECIAL_FLAGS = ("is_metadata", "is_sharded_weight", "needs_scalar_to_array")
+
+
+@dataclass(frozen=True)
+class LinearKinds:
+    """Which classes are the serving stack's standard linears and its unquantized method.
+
+    The reference knows no layer library; the caller names them. Subclasses of the three layers
+    count as standard owners, as long as they do not override `weight_loader` (ZC-3).
+    """
+
+    replicated: type[nn.Module]
+    column_parallel: type[nn.Module]
+    row_parallel: type[nn.Module]
+    unquantized_method: type
+
+    @property
+    def layers(self) -> tuple[type[nn.Module], ...]:
+        return (self.replicated, self.column_parallel, self.row_parallel)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Adopt the checkpoint tensor, or copy it; `reason` is the first failing condition."""
+
+    adopt: bool
+    reason: str | None = None
+
+
+ADOPT = Verdict(True)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Devices equal, where a device without an index matches any index of its type."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _shape_and_layout(tensor: torch.Tensor, target: torch.Tensor) -> str | None:
+    if tensor.shape != target.shape:
+        return f"ZC-8: shape {tuple(tensor.shape)} != target {tuple(target.shape)}"
+    if tensor.dtype != target.dtype:
+        return f"ZC-8: dtype {tensor.dtype} != target {target.dtype}"
+    if tensor.layout != target.layout:
+        return f"ZC-8: layout {tensor.layout} != target {target.layout}"
+    if tensor.stride() != target.stride():
+        return f"ZC-8: strides {tensor.stride()} != target {target.stride()}"
+    return None
+
+
+def _refusal(
+    param: torch.Tensor,
+    checkpoint_tensor: torch.Tensor,
+    target: torch.Tensor,
+    kinds: LinearKinds,
+    direct_device: torch.device | None,
+) -> str | None:
+    where = checkpoint_tensor.device
+    if direct_device is None and where.type != "cpu":
+        return f"ZC-1: checkpoint tensor is on {where}, not cpu"
+    if direct_device is not None and not same_device(where, direct_device):
+        return f"DG-5: checkpoint tensor is on {where}, not the load device {direct_device}"
+    loader = param.__dict__.get("weight_loader")
+    if loader is None:
+        return "ZC-2: parameter has no weight_loader"
+    if not isinstance(loader, MethodType):
+        return f"ZC-2: weight_loader is a {type(loader).__name__}, not a bound method"
+    owner = loader.__self__
+    if not isinstance(owner, kinds.layers):
+        return (
+            f"ZC-3: weight_loader belongs to {type(owner).__name__}, not a replicated,"
+            " column- or row-parallel linear"
+        )
+    if loader.__func__ not in [getattr(layer, "weight_loader", None) for layer in kinds.layers]:
+        return f"ZC-3: {loader.__func__.__qualname__} is not a standard linear's own weight_loader"
+    method = getattr(owner, "quant_method", None)
+    if not isinstance(method, kinds.unquantized_method):
+        return (
+            f"ZC-4: quant method is {type(method).__name__},"
+            f" not {kinds.unquantized_method.__name__}"
+        )
+    if not isinstance(owner, kinds.replicated):
+        tp_size = getattr(owner, "tp_size", None)  # read now: it may change after construction
+        if tp_size != 1:
+            return f"ZC-5: tp_size is {tp_size}"
+    if type(param) is not nn.Parameter:
+        return f"ZC-6: parameter type is {type(param).__name__}, not Parameter"
+    for flag in SPECIAL_FLAGS:
+        if param.__dict__.get(flag, False):
+            return f"ZC-7: parameter flag {flag} is set"
+    return _shape_and_layout(checkpoint_tensor, target)
+
+
+def zero_copy_verdict(
+    param: torch.Tensor,
+    checkpoint_tensor: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    kinds: LinearKinds,
+    direct_device: torch.device | None = None,
+) -> Verdict:
+    """Whether `checkpoint_tensor` may become `param`'s storage without a copy (ZC-1..8, DG-5).
+
+    Args:
+        param: the module's parameter (it carries `weight_loader` and the flags).
+        checkpoint_tensor: the tensor read from the checkpoint.
+        target: the tensor the slot must hold (shape, dtype, layout, strides); usually `param`.
+        kinds: the standard linear classes and the unquantized method.
+        direct_device: None for the ordinary rule (the tensor must be on CPU, ZC-1); in direct
+            mode the load device, where the tensor must be instead (DG-5).
+
+    Returns:
+        ADOPT, or a copy verdict whose reason starts with the first failing rule ID.
+    """
+    reason = _refusal(param, checkpoint_tensor, target, kinds, direct_device)
+    return ADOPT if reason is None else Verdict(False, reason)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One assignable entry of a module: a parameter or a persistent buffer, under all its names."""
+
+    name: str
+    tensor: torch.Tensor
+    places: tuple[tuple[nn.Module, str], ...]
+    is_parameter: bool
+
+
+def find_slots(module: nn.Module) -> tuple[dict[str, Slot], dict[str, str]]:
+    """The module's slots by first name, and each tied alias name mapped to that first name."""
+    found: dict[int, tuple[str, torch.Tensor, list[tuple[nn.Module, str]], bool]] = {}
+    aliases: dict[str, str] = {}
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        entries: list[tuple[str, torch.Tensor | None, bool]] = [
+            (leaf, p, True) for leaf, p in owner._parameters.items()
+        ]
+        entries += [
+            (leaf, b, False)
+            for leaf, b in owner._buffers.items()
+            if leaf not in owner._non_persistent_buffers_set
+        ]
+        for leaf, tensor, is_parameter in entries:
+            if tensor is None:
+                continue
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            entry = found.setdefault(id(tensor), (name, tensor, [], is_parameter))
+            if all(o is not owner or n != leaf for o, n in entry[2]):
+                entry[2].append((owner, leaf))
+            if entry[0] != name:
+                aliases[name] = entry[0]
+    slots = {
+        name: Slot(name, tensor, tuple(places), is_parameter)
+        for name, tensor, places, is_parameter in found.values()
+    }
+    return slots, aliases
+
+
+class AdoptedBytes:
+    """The byte ranges adopted so far, per memory space, to refuse adopting bytes twice (ZC-12).
+
+    Ranges are absolute addresses per device, so views of one file mapping that do not overlap
+    are told apart from views that do. Meta tensors have no memory: there, a storage is its own
+    space. Adopted ranges never overlap, so sorted by start only one neighbour needs checking.
+    """
+
+    def __init__(self) -> None:
+        self._spaces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+
+    @staticmethod
+    def _locate(tensor: torch.Tensor) -> tuple[tuple[str, int], int, int]:
+        storage = tensor.untyped_storage()
+        meta = tensor.device.type == "meta"
+        space = (str(tensor.device), storage._cdata if meta else 0)
+        start = (0 if meta else storage.data_ptr()) + int(tensor.storage_offset()) * (
+            tensor.element_size()
+        )
+        return space, start, start + int(tensor.nbytes)
+
+    def clash(self, tensor: torch.Tensor) -> str | None:
+        """The name of an adopted tensor sharing bytes with `tensor`, or None."""
+        space, start, end = self._locate(tensor)
+        ranges = self._spaces.get(space, [])
+        before = bisect.bisect_left(ranges, (end,))  # ranges starting before `end`
+        if start < end and before and ranges[before - 1][1] > start:
+            return ranges[before - 1][2]
+        return None
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        space, start, end = self._locate(tensor)
+        bisect.insort(self._spaces.setdefault(space, []), (start, end, name))
+
+
+def _like(param: torch.Tensor, data: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A parameter of `param`'s class over `data`, carrying `param`'s instance attributes."""
+    new = torch.Tensor._make_subclass(type(param), data, requires_grad)
+    new.__dict__.update(param.__dict__)
+    return new
+
+
+def _copy(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor:
+    target = slot.tensor
+    fresh = torch.empty_like(target, device=load_device)
+    loader = target.__dict__.get("weight_loader")
+    if loader is None or not slot.is_parameter:
+        if tensor.shape != target.shape:
+            raise StateMismatchError(
+                f"{slot.name}: checkpoint shape {tuple(tensor.shape)} != slot shape"
+                f" {tuple(target.shape)}; the checkpoint does not fit this model"
+            )
+        fresh.copy_(tensor)  # converts the dtype here, once
+        if not slot.is_parameter:
+            return fresh
+    grad = target.requires_grad and (fresh.is_floating_point() or fresh.is_complex())
+    temp = _like(target, fresh, grad)
+    if loader is None:
+        return temp
+    try:
+        loader(temp, tensor)  # the layer's own loader: shards for TP>1, converts the dtype once
+    except torch.OutOfMemoryError:
+        raise
+    except (AssertionError, IndexError, RuntimeError) as exc:  # shape checks, narrow, copy_
+        raise StateMismatchError(
+            f"{slot.name}: weight_loader failed: checkpoint shape {tuple(tensor.shape)},"
+            f" target shape {tuple(target.shape)}, temporary shape {tuple(temp.shape)},"
+            f" parameter class {type(target).__name__} ({exc})"
+        ) from exc
+    return temp
+
+
+@torch.no_grad()
+def load_full_state(
+    module: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    load_device: torch.device,
+    kinds: LinearKinds,
+    direct: bool = False,
+) -> tuple[TensorRecord, ...]:
+    """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
+
+    Tensors are taken one at a time and materialised on `load_device` first. An eligible tensor
+    (ZC-1..8; in direct mode ZC-2..8 on the load device) becomes the parameter itself, keeping the
+    parameter's attributes, with requires_grad=False (ZC-9); a second adoption of bytes already
+    adopted is refused (ZC-12). Slots are assigned only once every tensor loaded, so a failure
+    leaves `module` untouched. Tied parameters stay tied; their alias names are skipped.
+
+    Returns:
+        One record per loaded slot, in load order.
+
+    Raises:
+        StateMismatchError: for an unknown, repeated or missing name, a wrong shape, or an
+            assertion inside a weight_loader (naming the parameter, the three shapes and class).
+    """
+    slots, aliases = find_slots(module)
+    direct_device = load_device if direct else None
+    loaded: dict[str, torch.Tensor] = {}
+    records: list[TensorRecord] = []
+    adopted = AdoptedBytes()
+    for name, read in tensors:
+        if name in aliases:
+            continue
+        slot = slots.get(name)
+        if slot is None:
+            raise StateMismatchError(
+                f"checkpoint tensor {name!r} matches no parameter or persistent buffer of"
+                f" {type(module).__name__}"
+            )
+        if name in loaded:
+            raise StateMismatchError(f"checkpoint tensor {name!r} is given twice")
+        tensor = read if same_device(read.device, load_device) else read.to(load_device)
+        verdict = zero_copy_verdict(
+            slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
+        )
+        if verdict.adopt:
+            clash = adopted.clash(tensor)
+            if clash is not None:
+                verdict = Verdict(False, f"ZC-12: bytes already adopted by {clash}")
+        if verdict.adopt:
+            new = _like(slot.tensor, tensor, False)
+            adopted.add(name, tensor)
+        else:
+            new = _copy(slot, tensor, load_device)
+        loaded[name] = new
+        records.append(
+            TensorRecord(name, "adopted" if verdict.adopt else "copied", new.nbytes, verdict.reason)
+        )
+        del read, tensor  # hold at most one transient tensor
+    missing = sorted(set(slots) - set(loaded))
+    if missing:
+        raise StateMismatchError(
+            f"{type(module).__name__}: no checkpoint tensor for {', '.join(missing)}"
+        )
+    for name, new in loaded.items():
+        for owner, leaf in slots[name].places:
+            store = owner._parameters if slots[name].is_parameter else owner._buffers
+            store[leaf] = new  # type: ignore[assignment]
+    return tuple(records)

@@ -1,0 +1,202 @@
+"""Tensor parallelism: each rank loads exactly its slice, and sharded layers are never adopted.
+
+The sharding is done by the layers' own weight loaders on the copy path (ZC-10); zero-copy must
+refuse every sharded layer (ZC-5). One test loads both ranks in this process; the other starts two
+real processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank
+when the runtime device is CUDA and two GPUs are visible.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import (
+    LINEAR_KINDS,
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from reference.adapter import TENSOR_PARALLEL, ZERO_COPY, LoaderAdapter, PlanLike
+
+pytestmark = [pytest.mark.capability(TENSOR_PARALLEL), pytest.mark.capability(ZERO_COPY)]
+
+WORLD = 2
+CPU = torch.device("cpu")
+
+
+def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
+    """An unquantized CPU-offloaded DiT: it loads on CPU, so only ZC-5 can refuse the linears."""
+    return loader.plan_for_component(
+        checkpoint_load_device=loader.resolve_checkpoint_load_device(
+            runtime_device, component_cpu_offload=True, quantization=None
+        ),
+        needs_device_weight_postprocess=False,
+        component_cpu_offload=True,
+    )
+
+
+def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    prefix, _, leaf = name.rpartition(".")
+    return module.get_submodule(prefix), leaf
+
+
+def expected_shard(module: nn.Module, name: str, full: torch.Tensor, rank: int) -> torch.Tensor:
+    """This rank's slice of a full checkpoint tensor, worked out independently of the fakes."""
+    owner, leaf = owner_of(module, name)
+    if isinstance(owner, MergedColumnParallelLinear):
+        parts = full.split(list(owner.output_sizes), dim=0)
+        return torch.cat([part.chunk(WORLD, dim=0)[rank] for part in parts])
+    if isinstance(owner, ColumnParallelLinear):
+        return full.chunk(WORLD, dim=0)[rank]
+    if isinstance(owner, RowParallelLinear) and leaf == "weight":
+        return full.chunk(WORLD, dim=1)[rank]
+    return full
+
+
+def reassemble(owner: nn.Module, leaf: str, shards: list[torch.Tensor]) -> torch.Tensor:
+    """The full tensor from every rank's shard (the inverse of expected_shard)."""
+    if isinstance(owner, MergedColumnParallelLinear):
+        pieces = [s.chunk(len(owner.output_sizes), dim=0) for s in shards]
+        return torch.cat([torch.cat([p[i] for p in pieces]) for i in range(len(pieces[0]))])
+    if isinstance(owner, ColumnParallelLinear):
+        return torch.cat(shards, dim=0)
+    if isinstance(owner, RowParallelLinear) and leaf == "weight":
+        return torch.cat(shards, dim=1)
+    return shards[0]
+
+
+def expected_rules(module: nn.Module) -> dict[str, str]:
+    """The first failing zero-copy condition of each parameter of a TP=2 TinyDiT on CPU."""
+    rules = {}
+    for name in module.state_dict():
+        owner, _ = owner_of(module, name) if "." in name else (module, name)
+        if isinstance(owner, MergedColumnParallelLinear):
+            rules[name] = "ZC-3"
+        elif isinstance(owner, (ColumnParallelLinear, RowParallelLinear)):
+            rules[name] = "ZC-5"
+        elif not isinstance(owner, ReplicatedLinear):
+            rules[name] = "ZC-2"
+    return rules
+
+
+def check_rank(
+    module: nn.Module, refusals: dict[str, str], state: dict[str, torch.Tensor], rank: int
+) -> None:
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, expected_shard(module, name, state[name], rank)), name
+    rules = {name: reason.split(":")[0] for name, reason in refusals.items()}
+    assert rules == expected_rules(module)
+    assert all(refusals[n] == "ZC-5: tp_size is 2" for n, rule in rules.items() if rule == "ZC-5")
+
+
+@pytest.mark.rule("ZC-5", "ZC-10")
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_each_rank_holds_exactly_its_slice(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+) -> None:
+    path, state = write_dit_checkpoint(tmp_path)
+    module, report = loader.load_dit(
+        lambda: TinyDiT(tp_rank=rank, tp_size=WORLD),
+        path,
+        plan=offload_plan(loader, runtime_device),
+        kinds=LINEAR_KINDS,
+    )
+    check_rank(module, report.refusals, dict(state), rank)
+
+
+def run_rank(
+    rank: int, loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, backend: str
+) -> None:
+    """One TP rank, in its own process: load, check the slice, all-gather, compare, run."""
+    device = torch.device("cuda", rank) if backend == "nccl" else CPU
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{tmp_path / 'rendezvous'}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        path = tmp_path / "ckpt" / "model.safetensors"
+        state = safetensors.torch.load_file(path)
+        module, report = loader.load_dit(
+            lambda: TinyDiT(tp_rank=rank, tp_size=WORLD),
+            path,
+            plan=offload_plan(loader, runtime_device),
+            kinds=LINEAR_KINDS,
+        )
+        check_rank(module, report.refusals, state, rank)
+        for name, param in module.named_parameters():
+            shard = param.detach().to(device).contiguous()
+            shards = [torch.empty_like(shard) for _ in range(WORLD)]
+            dist.all_gather(shards, shard)
+            assert torch.equal(reassemble(*owner_of(module, name), shards).cpu(), state[name])
+        original = TinyDiT()
+        original.load_state_dict(state)
+        generator = torch.Generator().manual_seed(0)
+        x, t = torch.randn(2, 5, 8, generator=generator), torch.tensor([1, 3])
+        expected = original.to(device)(x.to(device), t.to(device))
+        torch.testing.assert_close(module.to(device)(x.to(device), t.to(device)), expected)
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(report.refusals))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.rule("ZC-5", "ZC-10")
+def test_tp2_over_torch_distributed(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+) -> None:
+    backend = "gloo"
+    if runtime_device.type == "cuda":
+        if torch.cuda.device_count() < WORLD:
+            pytest.skip(
+                f"TP={WORLD} over nccl needs {WORLD} CUDA devices, found"
+                f" {torch.cuda.device_count()} (the CPU tier runs it over gloo)"
+            )
+        backend = "nccl"
+    write_dit_checkpoint(tmp_path / "ckpt")
+    context = mp.start_processes(
+        run_rank,
+        args=(loader, runtime_device, tmp_path, backend),
+        nprocs=WORLD,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {WORLD} ranks did not finish within 120 s")
+    refusals = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert refusals[0] == refusals[1]
+    assert "ZC-5: tp_size is 2" in refusals[0].values()
+
+
+@pytest.mark.internal
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ColumnParallelLinear(4, 5, tp_size=2),
+        lambda: RowParallelLinear(5, 4, tp_size=2),
+        lambda: MergedColumnParallelLinear(4, [2, 3], tp_size=2),
+    ],
+    ids=["column", "row", "merged"],
+)
+def test_fake_layers_refuse_uneven_splits(make: object) -> None:
+    with pytest.raises(ValueError, match="does not split evenly over tp_size=2"):
+        make()  # type: ignore[operator]
