@@ -15,7 +15,11 @@ import torch
 from torch import nn
 
 from fakes.checkpoints import write_checkpoint
+from fakes.dit import DiTConfig, TinyDiT
+from fakes.layers import LINEAR_KINDS
+from fakes.vae import StandardVAE, VAEConfig
 from reference.pipeline import MODEL_INDEX, MODELS
+from reference.quantization import QuantizationSpec
 
 
 class FakeVocoder(nn.Module):
@@ -44,8 +48,52 @@ class FakeBlock(nn.Module):
         return out
 
 
-MODELS.register(FakeVocoder)
-MODELS.register(FakeBlock)
+class PipelineDiT(TinyDiT):
+    """The tiny DiT, built from config.json keywords (dtype by name, e.g. "bfloat16")."""
+
+    linear_kinds = LINEAR_KINDS
+
+    def __init__(
+        self,
+        *,
+        in_channels: int = 8,
+        hidden: int = 32,
+        heads: int = 2,
+        mlp_ratio: int = 2,
+        depth: int = 2,
+        num_steps: int = 16,
+        dtype: str = "float32",
+        quantization: QuantizationSpec | None = None,
+    ) -> None:
+        config = DiTConfig(
+            in_channels=in_channels,
+            hidden=hidden,
+            heads=heads,
+            mlp_ratio=mlp_ratio,
+            depth=depth,
+            num_steps=num_steps,
+            params_dtype=getattr(torch, dtype),
+        )
+        super().__init__(config, quantization=quantization)
+
+
+class PipelineVAE(StandardVAE):
+    """The standard video VAE fake, built from config.json keywords."""
+
+    def __init__(
+        self,
+        *,
+        in_channels: int = 3,
+        hidden: int = 8,
+        latent_channels: int = 4,
+        frames: int = 4,
+        groups: int = 4,
+    ) -> None:
+        super().__init__(VAEConfig(in_channels, hidden, latent_channels, frames, groups))
+
+
+for _cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineVAE):
+    MODELS.register(_cls)
 
 
 @dataclass(frozen=True)
@@ -124,3 +172,22 @@ def write_pipeline(
     index.update(extra_index or {})
     (root / MODEL_INDEX).write_text(json.dumps(index, indent=2))
     return root
+
+
+# A pipeline of the real fakes: a DiT with zero-copy-eligible layers, a video VAE, a vocoder.
+SMALL_PIPELINE: Mapping[str, FakeComponent] = {
+    "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+    "vae": FakeComponent(PipelineVAE, {}, shards=2, seed=3),
+    "vocoder": FakeComponent(FakeVocoder, {"channels": 4, "upsample": 2}, seed=1),
+}
+
+
+def demo_pipeline(*, hidden: int = 1024, depth: int = 3) -> Mapping[str, FakeComponent]:
+    """The demo's pipeline: a DiT of about 8 * hidden^2 * depth float32 parameters (~100 MiB at
+    the defaults, in 2 shards) and a video VAE."""
+    return {
+        "transformer": FakeComponent(
+            PipelineDiT, {"hidden": hidden, "depth": depth, "heads": 8}, shards=2, seed=2
+        ),
+        "vae": FakeComponent(PipelineVAE, {"hidden": 32, "groups": 8}, seed=3),
+    }

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from reference import admission, adopt, dit, loaders, postload, preflight
+from reference import admission, adopt, dit, load, loaders, postload, preflight
 from reference import args as args_mod
 from reference import pipeline as pipeline_mod
 from reference import plan as plan_mod
@@ -454,8 +454,9 @@ class ReferenceAdapter:
         self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
     ) -> torch.nn.Module:
         spec = pipeline_mod.read_pipeline(pipeline_dir).component(component)
-        loader = loaders.loader_for(component, platform=platform)
-        return loader.load(spec, own_server_args(args)).module
+        loader = load.loader_for(component, platform=platform)
+        module: torch.nn.Module = loader.load(spec, own_server_args(args)).module
+        return module
 
     def check_device_memory(
         self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform

@@ -254,6 +254,19 @@ def load_state_ordinarily(
     return [TensorRecord(name, "copied", t.numel() * t.element_size()) for name, t in state.items()]
 
 
+def load_ordinarily(
+    registry: ModelRegistry, request: LoadRequest
+) -> tuple[nn.Module, list[TensorRecord]]:
+    """Build the module, copy its checkpoint into it on the plan's device, then place it: on CPU
+    when the component is offloaded, else on the runtime device. No direct-loading feature is
+    involved (ADM-6)."""
+    spec = request.component
+    module = build_module(registry, spec)
+    records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
+    target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
+    return module.to(target).eval().requires_grad_(False), records
+
+
 class VocoderLoader(ComponentLoader):
     """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3)."""
 
@@ -261,30 +274,4 @@ class VocoderLoader(ComponentLoader):
     direct_support = VOCODER_DIRECT_SUPPORT
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
-        spec = request.component
-        module = build_module(self.registry, spec)
-        records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
-        target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
-        return module.to(target).eval().requires_grad_(False), records
-
-
-LOADERS: dict[str, type[ComponentLoader]] = {"vocoder": VocoderLoader}
-"""Loader classes by kind. The transformer and VAE loaders register here beside the vocoder."""
-
-
-def loader_for(
-    component: str, *, registry: ModelRegistry = MODELS, platform: Platform = SYSTEM
-) -> ComponentLoader:
-    """A loader instance for `component`.
-
-    Raises:
-        LoadError: when no loader class of its kind is registered.
-    """
-    kind = loader_kind(component)
-    cls = LOADERS.get(kind)
-    if cls is None:
-        raise LoadError(
-            f"component {component!r}: no {kind} loader is available in this build;"
-            f" available: {', '.join(LOADERS)}"
-        )
-    return cls(registry=registry, platform=platform)
+        return load_ordinarily(self.registry, request)
