@@ -144,6 +144,11 @@ def write_component(root: Path, name: str, component: FakeComponent) -> dict[str
     state = {
         k: v.detach().clone() for k, v in component.cls(**component.config).state_dict().items()
     }
+    # Serving-stack layers allocate with torch.empty: give every float tensor real values.
+    generator = torch.Generator().manual_seed(component.seed)
+    for key, value in state.items():
+        if value.is_floating_point():
+            state[key] = torch.randn(value.shape, generator=generator).to(value.dtype)
     write_checkpoint(state, folder, shards=component.shards, stem="diffusion_pytorch_model")
     return state
 

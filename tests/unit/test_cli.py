@@ -1,0 +1,105 @@
+"""The reference's own command line, driven in a subprocess as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
+
+pytestmark = pytest.mark.internal
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "reference", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A DiT of a few MiB, so the table's MiB columns show what was adopted.
+    dit = FakeComponent(PipelineDiT, {"hidden": 256, "depth": 1}, seed=2)
+    components = {**SMALL_PIPELINE, "transformer": dit}
+    return write_pipeline(tmp_path_factory.mktemp("pipeline"), components)
+
+
+def table(stdout: str) -> dict[str, list[str]]:
+    lines = stdout.strip().splitlines()
+    assert lines[0].split()[:5] == ["component", "load", "post", "defer", "direct"]
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def test_load_prints_one_row_per_component(pipeline: Path) -> None:
+    result = run("load", str(pipeline))
+    assert result.returncode == 0, result.stderr
+    rows = table(result.stdout)
+    assert list(rows) == ["transformer", "vae", "vocoder"]
+    assert all(row[:4] == ["cpu", "-", "no", "no"] for row in rows.values())
+
+
+def test_cpu_offload_adopts_the_dit_checkpoint(pipeline: Path) -> None:
+    result = run("load", str(pipeline), "--dit-cpu-offload")
+    assert result.returncode == 0, result.stderr
+    adopted_mib = float(table(result.stdout)["transformer"][4])
+    assert adopted_mib > 0
+
+
+def test_online_fp8_defers_offload(pipeline: Path) -> None:
+    result = run("load", str(pipeline), "--quantization", "fp8", "--dit-cpu-offload")
+    assert result.returncode == 0, result.stderr
+    assert table(result.stdout)["transformer"][:4] == ["cpu", "cpu", "yes", "no"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (
+            ["--component-direct-gpu-weight-loading.vae"],
+            "--component-direct-gpu-weight-loading.vae: direct-GPU loading of component 'vae'"
+            " needs CUDA",
+        ),
+        (["--direct-gpu-weight-loading=maybe"], "--direct-gpu-weight-loading"),
+        (["--component-direct-gpu-weight-loading.vae=maybe"], "maybe"),
+        (["--component-direct-gpu-weight-loading.=true"], "the component name is empty"),
+    ],
+    ids=["vae-without-cuda", "bad-dit-value", "bad-component-value", "empty-component"],
+)
+def test_refusals_are_one_line_and_exit_2(pipeline: Path, flags: list[str], words: str) -> None:
+    result = run("load", str(pipeline), *flags)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert words in lines[0]
+
+
+def test_undeclared_component_is_listed(pipeline: Path) -> None:
+    result = run(
+        "load",
+        str(pipeline),
+        "--component-direct-gpu-weight-loading.audio_vae",
+        "--component-direct-gpu-weight-loading.video_vae",
+    )
+    assert result.returncode == 2
+    assert "audio_vae" in result.stderr
+    assert "video_vae" in result.stderr
+
+
+def test_missing_pipeline_folder_is_a_clear_error(tmp_path: Path) -> None:
+    result = run("load", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "nowhere" in result.stderr
