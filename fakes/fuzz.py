@@ -114,7 +114,7 @@ def pairs_or_none(text: bytes) -> list[tuple[str, object]] | None:
     Objects nested inside come back as tuples of pairs (arrays stay lists).
     """
     try:
-        value = json.loads(text, object_pairs_hook=tuple)
+        value = json.loads(text.decode("utf-8"), object_pairs_hook=tuple)
     except (ValueError, RecursionError):
         return None
     return list(value) if isinstance(value, tuple) else None
@@ -125,14 +125,19 @@ def same_meaning(before: bytes, after: bytes, *, index: bool) -> bool:
     if before == after:
         return True
     if index:
-        return _canonical(pairs_or_none(after)) == _canonical(pairs_or_none(before)) is not None
+        return _same_object(pairs_or_none(after), pairs_or_none(before))
     if len(after) < 8:
         return False
     header_before, data_before = split(before)
     (n,) = struct.unpack("<Q", after[:8])
     new = pairs_or_none(after[8 : 8 + n]) if 8 + n <= len(after) else None
-    same_header = _canonical(new) == _canonical(pairs_or_none(header_before)) is not None
+    same_header = _same_object(new, pairs_or_none(header_before))
     return same_header and after[8 + n :] == data_before
+
+
+def _same_object(a: list[tuple[str, object]] | None, b: list[tuple[str, object]] | None) -> bool:
+    text = _canonical(a)
+    return text is not None and text == _canonical(b)
 
 
 def _canonical(pairs: list[tuple[str, object]] | None) -> str | None:
