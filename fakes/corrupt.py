@@ -61,6 +61,11 @@ def join(header: dict[str, object] | bytes, data: bytes) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + data
 
 
+def object_with_pairs(pairs: list[tuple[str, object]]) -> bytes:
+    """A JSON object that may name a key twice (json.dumps cannot write one)."""
+    return ("{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in pairs) + "}").encode()
+
+
 def _valid(folder: Path) -> Path:
     return write_checkpoint(small_state(), folder)
 
@@ -93,9 +98,7 @@ def _truncated_header(folder: Path) -> BadCheckpoint:
 
 def _truncated_data(folder: Path) -> BadCheckpoint:
     path = _valid(folder)
-    header, _data = split(path)
-    ends = {k: _entry(header, k)["data_offsets"] for k in header if k != "__metadata__"}
-    last = max(ends, key=lambda k: ends[k][1])  # type: ignore[index]
+    last = _last(split(path)[0])
     path.write_bytes(path.read_bytes()[:-3])
     return BadCheckpoint("truncated-in-data", path, path.name, last, "end beyond the data section")
 
@@ -208,6 +211,125 @@ def _pickle(folder: Path) -> BadCheckpoint:
     return BadCheckpoint("pickle-bin", path, path.name, None, "pickle checkpoint")
 
 
+def _last(header: dict[str, object]) -> str:
+    ends = {k: _entry(header, k)["data_offsets"] for k in header if k != "__metadata__"}
+    return max(ends, key=lambda k: ends[k][1])  # type: ignore[index]
+
+
+def _duplicate_name(folder: Path) -> BadCheckpoint:
+    path = _rewrite(
+        folder, lambda h, d: join(object_with_pairs([*h.items(), ("proj.bias", h["proj.bias"])]), d)
+    )
+    return BadCheckpoint(
+        "header-duplicate-name", path, path.name, "proj.bias", "names 'proj.bias' twice"
+    )
+
+
+def _header_length_short(folder: Path) -> BadCheckpoint:
+    # The JSON still parses, but 8 bytes of padding now open the data section and shift it.
+    path = _rewrite(folder, lambda h, d: join(json.dumps(h).encode(), b" " * 8 + d))
+    return BadCheckpoint(
+        "header-length-short", path, path.name, None, "bytes follow the last tensor"
+    )
+
+
+def _trailing_bytes(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(h, d + b"\0" * 4))
+    return BadCheckpoint(
+        "bytes-after-last-tensor", path, path.name, None, "bytes follow the last tensor"
+    )
+
+
+def _offsets_gap(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        offsets = _entry(h, _last(h))["data_offsets"]
+        assert isinstance(offsets, list)
+        begin, end = offsets
+        _entry(h, _last(h))["data_offsets"] = [begin + 8, end + 8]
+        return join(h, d[:begin] + b"\0" * 8 + d[begin:])
+
+    path = _rewrite(folder, edit)
+    last = _last(split(path)[0])
+    return BadCheckpoint("offsets-leave-a-gap", path, path.name, last, "data section has a gap")
+
+
+def _shape_too_large(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        h["huge.empty"] = {"dtype": "F32", "shape": [2**40, 2**40, 0], "data_offsets": [0, 0]}
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("shape-too-large", path, path.name, "huge.empty", "too large for a tensor")
+
+
+def _number_too_long(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(b'{"a": ' + b"1" * 5000 + b"}", d))
+    return BadCheckpoint("header-number-too-long", path, path.name, None, "not valid JSON")
+
+
+def _nested_too_deep(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(b"[" * 100_000, d))
+    return BadCheckpoint("header-nested-too-deep", path, path.name, None, "not valid JSON")
+
+
+def _header_utf16(folder: Path) -> BadCheckpoint:
+    path = _rewrite(folder, lambda h, d: join(json.dumps(h).encode("utf-16"), d))
+    return BadCheckpoint("header-not-utf8", path, path.name, None, "not valid JSON")
+
+
+def _shard_is_a_folder(folder: Path) -> BadCheckpoint:
+    (folder / "model.safetensors").mkdir(parents=True)
+    return BadCheckpoint(
+        "shard-is-a-folder", folder, "model.safetensors", None, "not a regular file"
+    )
+
+
+def _index_names_a_folder(folder: Path) -> BadCheckpoint:
+    index = write_checkpoint(small_state(), folder, shards=2)
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["proj.bias"] = ".."
+    index.write_text(json.dumps(raw))
+    return BadCheckpoint(
+        "index-names-a-folder", index, index.name, "proj.bias", "must be a file name"
+    )
+
+
+def _index_duplicate_name(folder: Path) -> BadCheckpoint:
+    index = write_checkpoint(small_state(), folder, shards=2)
+    weight_map = json.loads(index.read_text())["weight_map"]
+    pairs = [*weight_map.items(), ("proj.bias", weight_map["proj.weight"])]
+    index.write_bytes(b'{"weight_map": ' + object_with_pairs(pairs) + b"}")
+    return BadCheckpoint(
+        "index-duplicate-name", index, index.name, "proj.bias", "names 'proj.bias' twice"
+    )
+
+
+def _missing_file(folder: Path) -> BadCheckpoint:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.safetensors"
+    return BadCheckpoint("missing-file", path, path.name, None, "file not found")
+
+
+def _shape_negative(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        _entry(h, "proj.weight")["shape"] = [-8, -4]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("shape-negative", path, path.name, "proj.weight", "non-negative integers")
+
+
+def _offsets_reversed(folder: Path) -> BadCheckpoint:
+    def edit(h: dict[str, object], d: bytes) -> bytes:
+        offsets = _entry(h, "proj.bias")["data_offsets"]
+        assert isinstance(offsets, list)
+        _entry(h, "proj.bias")["data_offsets"] = offsets[::-1]
+        return join(h, d)
+
+    path = _rewrite(folder, edit)
+    return BadCheckpoint("offsets-reversed", path, path.name, "proj.bias", "0 <= begin <= end")
+
+
 CASES: dict[str, Callable[[Path], BadCheckpoint]] = {
     "empty-file": _empty,
     "truncated-in-header": _truncated_header,
@@ -225,6 +347,20 @@ CASES: dict[str, Callable[[Path], BadCheckpoint]] = {
     "index-disagrees-with-shards": _index_disagrees,
     "index-not-json": _index_not_json,
     "pickle-bin": _pickle,
+    "header-duplicate-name": _duplicate_name,
+    "header-length-short": _header_length_short,
+    "bytes-after-last-tensor": _trailing_bytes,
+    "offsets-leave-a-gap": _offsets_gap,
+    "shape-too-large": _shape_too_large,
+    "header-number-too-long": _number_too_long,
+    "header-nested-too-deep": _nested_too_deep,
+    "header-not-utf8": _header_utf16,
+    "shard-is-a-folder": _shard_is_a_folder,
+    "index-names-a-folder": _index_names_a_folder,
+    "index-duplicate-name": _index_duplicate_name,
+    "missing-file": _missing_file,
+    "shape-negative": _shape_negative,
+    "offsets-reversed": _offsets_reversed,
 }
 
 

@@ -1,0 +1,264 @@
+"""One safetensors file's header: read, parsed and validated without reading tensor data.
+
+A header is checked as strictly as the format demands, so corrupt input becomes one clear
+`CheckpointError` naming the file and the entry (CKPT-4): JSON that is UTF-8 with unique names;
+known dtypes; shapes that fit a tensor; offsets whose spans match shape x dtype and tile the data
+section exactly (no overlap, no gap, nothing after the last tensor). Pickle files are refused
+without being opened (CKPT-1); anything that is not a regular file is refused before it is opened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import stat
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from reference.errors import CheckpointError
+
+# Same bound as the safetensors library: larger headers are refused as corrupt.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+for _code, _name in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _name):
+        DTYPES[_code] = getattr(torch, _name)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: its file and absolute byte range, dtype and shape."""
+
+    name: str
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """The validated header of one safetensors file."""
+
+    path: Path
+    file_size: int
+    tensors: tuple[TensorInfo, ...]
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+def checkpoint_error(path: Path, entry: str | None, problem: str) -> CheckpointError:
+    """The error for `path` (and `entry`, a tensor name or header field, or None)."""
+    return CheckpointError(str(path), entry, problem)
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKeyError(key)
+        result[key] = value
+    return result
+
+
+def load_json(path: Path, raw: bytes, what: str) -> object:
+    """Strict JSON: UTF-8 only, and a key twice in one object is an error, not "last one wins".
+
+    Args:
+        path: the file the bytes come from, named by the error.
+        raw: the JSON text.
+        what: what the text is ("header", "index"), for the message.
+
+    Raises:
+        CheckpointError: for bad UTF-8, bad JSON (also too deep, or a number too long) or a
+            duplicate key, naming the key.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as dup:
+        raise checkpoint_error(
+            path, dup.key, f"{what} names {dup.key!r} twice; names must be unique"
+        ) from None
+    # ValueError covers bad UTF-8, bad JSON and integers too long to convert; RecursionError covers
+    # nesting too deep for the parser.
+    except (ValueError, RecursionError) as exc:
+        raise checkpoint_error(path, None, f"{what} is not valid JSON ({exc})") from None
+
+
+def refuse_pickle(path: Path) -> None:
+    """CKPT-1: refuse a pickle checkpoint without opening it."""
+    if path.name.endswith(PICKLE_SUFFIXES):
+        raise checkpoint_error(
+            path,
+            None,
+            "is a pickle checkpoint; only safetensors is read, because unpickling can run code."
+            " Convert it to .safetensors in a trusted environment first",
+        )
+
+
+def _parse_entry(path: Path, name: str, raw: object, data_start: int, data_len: int) -> TensorInfo:
+    if not isinstance(raw, dict):
+        raise checkpoint_error(
+            path, name, f"header entry must be an object, got {type(raw).__name__}"
+        )
+    dtype_code, shape, offsets = raw.get("dtype"), raw.get("shape"), raw.get("data_offsets")
+    if not isinstance(dtype_code, str) or dtype_code not in DTYPES:
+        raise checkpoint_error(
+            path, name, f"unknown dtype {dtype_code!r}; known: {', '.join(DTYPES)}"
+        )
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise checkpoint_error(
+            path, name, f"shape must be a list of non-negative integers, got {shape!r}"
+        )
+    # torch sizes are int64 and it multiplies every dim, zeros included, with an overflow check.
+    if math.prod(max(d, 1) for d in shape) >= 2**63:
+        raise checkpoint_error(
+            path, name, f"shape {shape} is too large for a tensor (2**63 elements or more)"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise checkpoint_error(
+            path, name, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}"
+        )
+    begin, end = offsets
+    if end > data_len:
+        raise checkpoint_error(
+            path,
+            name,
+            f"data_offsets {offsets} end beyond the data section ({data_len} bytes);"
+            " the file is truncated or the header is wrong",
+        )
+    dtype = DTYPES[dtype_code]
+    expected = math.prod(shape) * dtype.itemsize
+    if end - begin != expected:
+        raise checkpoint_error(
+            path,
+            name,
+            f"data_offsets {offsets} span {end - begin} bytes but shape {shape} x {dtype_code}"
+            f" needs {expected}",
+        )
+    return TensorInfo(name, path, dtype, tuple(shape), data_start + begin, data_start + end)
+
+
+def _check_coverage(
+    path: Path, tensors: tuple[TensorInfo, ...], data_start: int, size: int
+) -> None:
+    """The tensors tile the data section exactly: no overlap, no gap, nothing after the last.
+
+    This is the safetensors format's own rule. It also catches a header length that is off by a
+    few bytes while the header still parses, which would otherwise shift every tensor silently.
+    """
+    ordered = sorted(tensors, key=lambda t: (t.start, t.end))
+    for previous, info in itertools.pairwise(ordered):
+        if info.start < previous.end:
+            raise checkpoint_error(path, info.name, f"data overlaps tensor {previous.name!r}")
+    covered = data_start
+    for info in ordered:
+        if info.start != covered:
+            raise checkpoint_error(
+                path,
+                info.name,
+                f"data begins at byte {info.start - data_start} of the data section but the"
+                f" tensors before it end at byte {covered - data_start}: the data section has a"
+                " gap; the offsets or the header length are wrong",
+            )
+        covered = info.end
+    if covered != size:
+        raise checkpoint_error(
+            path,
+            None,
+            f"data section is {size - data_start} bytes but the tensors cover"
+            f" {covered - data_start}: bytes follow the last tensor; the header length is wrong or"
+            " the file has bytes appended",
+        )
+
+
+def read_header(path: Path) -> ShardHeader:
+    """Read and validate one file's header without reading any tensor data.
+
+    Raises:
+        CheckpointError: for a missing, unreadable, pickle, truncated or malformed file, or one
+            that is not a regular file (a folder, or a pipe that would block), naming the entry.
+    """
+    refuse_pickle(path)
+    try:
+        status = path.stat()
+        size = status.st_size
+        if not stat.S_ISREG(status.st_mode):
+            raise checkpoint_error(
+                path, None, "is not a regular file; a checkpoint shard must be a file"
+            )
+        with path.open("rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise checkpoint_error(
+                    path,
+                    None,
+                    f"file is {size} bytes; a safetensors file starts with an 8-byte header length",
+                )
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise checkpoint_error(
+                    path,
+                    None,
+                    f"header length {header_len} exceeds the file ({size} bytes); the file is"
+                    " truncated or not a safetensors file",
+                )
+            header_bytes = f.read(header_len)
+    except FileNotFoundError:
+        raise checkpoint_error(path, None, "file not found") from None
+    except OSError as exc:
+        raise checkpoint_error(path, None, f"cannot be read ({exc.strerror or exc})") from None
+    header = load_json(path, header_bytes, "header")
+    if not isinstance(header, dict):
+        raise checkpoint_error(
+            path, None, f"header must be a JSON object, got {type(header).__name__}"
+        )
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise checkpoint_error(path, "__metadata__", "must be an object of string to string")
+    data_start = 8 + header_len
+    data_len = size - data_start
+    tensors = tuple(
+        _parse_entry(path, name, raw, data_start, data_len) for name, raw in header.items()
+    )
+    _check_coverage(path, tensors, data_start, size)
+    return ShardHeader(path, size, tensors, metadata)
