@@ -13,7 +13,9 @@ are copied there one at a time from that map.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +182,20 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     return Checkpoint((path,), _merge([header]), header.metadata)
 
 
+_PROGRESS: ContextVar[Callable[[int], object] | None] = ContextVar("progress", default=None)
+
+
+@contextmanager
+def reading_progress(callback: Callable[[int], object]) -> Iterator[None]:
+    """Within this context, every `TensorReader.read` calls `callback(nbytes)` once it has read
+    a tensor (progress bars on long loads); nothing else changes."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 class TensorReader:
     """Reads a checkpoint's tensors one at a time, from a private memory map of each file.
 
@@ -247,7 +263,12 @@ class TensorReader:
         if info.dtype.itemsize > 1 and info.start % info.dtype.itemsize:
             raw = raw.clone()  # misaligned in the file: a view of that dtype is impossible
         tensor = raw.view(info.dtype).view(info.shape)
-        return tensor if device.type == "cpu" else tensor.to(device)
+        if device.type != "cpu":
+            tensor = tensor.to(device)
+        progress = _PROGRESS.get()
+        if progress is not None:
+            progress(info.nbytes)
+        return tensor
 
     def __iter__(self) -> Iterator[str]:
         """Tensor names in file order (each file read front to back)."""

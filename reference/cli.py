@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from reference.args import DEVICE_FLAG, ServerArgs, parse_args
+from reference.checkpoint import reading_progress
 from reference.errors import LoadError
 from reference.load import iter_load
 from reference.loaders import LoadedComponent
@@ -64,12 +67,22 @@ def load_with_table(
     """
     rows: list[Row] = []
     components = iter_load(root, args, registry=registry, platform=platform)
-    while True:
-        with PeakSampler() as sampler:
-            loaded = next(components, None)
-        if loaded is None:
-            return rows
-        rows.append(Row(loaded, sampler.anon_growth))
+    # The bar shows only on a terminal, and only once a load has taken more than two seconds.
+    bar = tqdm(
+        desc="reading tensors",
+        unit="B",
+        unit_scale=True,
+        delay=2.0,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    )
+    with bar, reading_progress(bar.update):
+        while True:
+            with PeakSampler() as sampler:
+                loaded = next(components, None)
+            if loaded is None:
+                return rows
+            rows.append(Row(loaded, sampler.anon_growth))
 
 
 def default_device_flag(platform: Platform) -> list[str]:

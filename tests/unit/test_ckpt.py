@@ -184,3 +184,17 @@ def test_header_mismatch_fails_before_any_tensor_data_is_read(
     assert from_file.call_count == 0  # no file was even mapped
     # the module, where one was built, is untouched: every slot still on meta
     assert all(t.is_meta for m in build.built for t in m.state_dict().values())
+
+
+@pytest.mark.internal
+def test_reading_progress_reports_each_tensor_once(tmp_path: Path) -> None:
+    from reference.checkpoint import reading_progress
+
+    state = _state()
+    reader = TensorReader(open_checkpoint(write_checkpoint(state, tmp_path, shards=2)))
+    seen: list[int] = []
+    with reading_progress(seen.append):
+        for name in reader:
+            reader.read(name, device=torch.device("cpu"))
+    reader.read("a.weight", device=torch.device("cpu"))  # outside the context: not reported
+    assert sorted(seen) == sorted(t.numel() * t.element_size() for t in state.values())
