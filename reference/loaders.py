@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -255,13 +256,16 @@ def load_state_ordinarily(
 
 
 def load_ordinarily(
-    registry: ModelRegistry, request: LoadRequest
+    registry: ModelRegistry,
+    request: LoadRequest,
+    *,
+    build: Callable[[], nn.Module] | None = None,
 ) -> tuple[nn.Module, list[TensorRecord]]:
-    """Build the module, copy its checkpoint into it on the plan's device, then place it: on CPU
-    when the component is offloaded, else on the runtime device. No direct-loading feature is
-    involved (ADM-6)."""
+    """Build the module (with `build`, else the registry's class from config.json), copy its
+    checkpoint into it on the plan's device, then place it: on CPU when the component is
+    offloaded, else on the runtime device. No direct-loading feature is involved (ADM-6)."""
     spec = request.component
-    module = build_module(registry, spec)
+    module = build() if build is not None else build_module(registry, spec)
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
     return module.to(target).eval().requires_grad_(False), records

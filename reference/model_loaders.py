@@ -7,11 +7,13 @@ byte moves, then handed to the DiT full-state path or the VAE streaming path.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import ClassVar
 
 from torch import nn
 
-from reference import preflight
+from reference import diffusers_models, preflight
 from reference.admission import DirectSupport
 from reference.adopt import LinearKinds
 from reference.args import ServerArgs
@@ -23,6 +25,7 @@ from reference.loaders import (
     VAE_DIRECT_SUPPORT,
     ComponentLoader,
     LoadRequest,
+    build_module,
     load_ordinarily,
 )
 from reference.pipeline import MODELS, ComponentSpec, ModelRegistry
@@ -102,20 +105,33 @@ class TransformerLoader(ComponentLoader):
 
 class VAELoader(ComponentLoader):
     """Loads `vae`, `video_vae` and `audio_vae`: streamed when a direct request for `vae` or
-    `video_vae` was admitted, else the ordinary way."""
+    `video_vae` was admitted, else the ordinary way. A component whose model_index.json entry
+    names the `diffusers` library is built from diffusers' own VAE class (see
+    reference.diffusers_models); any other from the registry."""
 
     kind = "vae"
     direct_support: ClassVar[DirectSupport] = VAE_DIRECT_SUPPORT
 
+    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the component's model class now; return a `build()` from its config.json.
+
+        Raises:
+            CheckpointError: the class cannot be resolved (unregistered, not a diffusers VAE
+                class, or diffusers not installed).
+        """
+        if spec.library == diffusers_models.LIBRARY:
+            return diffusers_models.vae_builder(spec)
+        self.registry.resolve(spec.class_name, component=spec)
+        return functools.partial(build_module, self.registry, spec)
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
+        build = self.model_builder(spec)
         if not request.direct:
-            return load_ordinarily(self.registry, request)
+            return load_ordinarily(self.registry, request, build=build)
         check_direct_memory(request, self.platform)
-        cls = self.registry.resolve(spec.class_name, component=spec)
-        kwargs = spec.init_kwargs
         module, report = load_vae(
-            lambda: cls(**kwargs),
+            build,
             spec.folder,
             device=request.args.runtime_device,
             component=spec.name,

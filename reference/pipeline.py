@@ -10,7 +10,9 @@ Layout (the Diffusers convention):
 
 Parsing reads `model_index.json` and each component's `config.json`, never weights. Model classes
 are resolved by name through a `ModelRegistry` that callers (and the fakes) fill; nothing is
-imported by the name a config gives, so no code runs from a checkpoint.
+imported by the name a config gives, so no code runs from a checkpoint. (A VAE whose entry names
+the `diffusers` library is looked up among diffusers' own VAE classes instead; see
+reference.diffusers_models.)
 """
 
 from __future__ import annotations
