@@ -26,7 +26,8 @@ from reference import slots as slots_mod
 from reference import vae as vae_mod
 from reference.adopt import LinearKinds, Verdict
 from reference.args import ServerArgsLike, own_server_args
-from reference.checkpoint import open_checkpoint
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.errors import CheckpointError
 from reference.platform import Platform
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
@@ -258,6 +259,40 @@ class LoaderAdapter(Protocol):
         """
         ...
 
+    # --- checkpoints and bad input (CKPT-1, CKPT-2, CKPT-4, ZC-13) -----------------------------
+    def inspect_checkpoint(
+        self, path: str | os.PathLike[str]
+    ) -> Mapping[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """Validate a checkpoint's headers and shard index; list its tensors. Reads no tensor
+        data and never unpickles anything (CKPT-1, CKPT-2, CKPT-4).
+
+        Args:
+            path: a `.safetensors` file, a `*.safetensors.index.json`, or a folder holding either.
+
+        Returns:
+            (dtype, shape) of every tensor, by name.
+
+        Raises:
+            CheckpointError: for a pickle, missing, truncated or malformed file, or an index that
+                disagrees with its shards. `file` is the file at fault; `entry` the tensor name or
+                header field at fault (None when the whole file is); the message names both and
+                says what is wrong. An adapter converts its loader's errors to this type.
+        """
+        ...
+
+    def read_checkpoint_tensor(
+        self, path: str | os.PathLike[str], name: str, *, device: torch.device
+    ) -> torch.Tensor:
+        """One tensor of the checkpoint at `path`, on `device`, with its header's dtype and shape.
+
+        Writing to the returned tensor never changes the file (ZC-13).
+
+        Raises:
+            CheckpointError: as `inspect_checkpoint` does, and for a name the checkpoint does not
+                hold (`entry` is that name).
+        """
+        ...
+
 
 class ReferenceAdapter:
     """The reference loader behind the seam. It declares every capability it implements."""
@@ -465,6 +500,27 @@ class ReferenceAdapter:
             open_checkpoint(checkpoint), component=component, device=device, platform=platform
         )
 
+    # --- checkpoints and bad input -------------------------------------------------------------
+    def inspect_checkpoint(
+        self, path: str | os.PathLike[str]
+    ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        checkpoint = open_checkpoint(path)
+        return {name: (info.dtype, info.shape) for name, info in checkpoint.tensors.items()}
+
+    def read_checkpoint_tensor(
+        self, path: str | os.PathLike[str], name: str, *, device: torch.device
+    ) -> torch.Tensor:
+        checkpoint = open_checkpoint(path)
+        if name not in checkpoint.tensors:
+            raise CheckpointError(
+                os.fspath(path), name, "holds no tensor of this name; check the name or the path"
+            )
+        reader = TensorReader(checkpoint)
+        try:
+            return reader.read(name, device=device)
+        finally:
+            reader.close()
+
 
 # DiT capabilities of the reference (section owner adds them here).
 _DIT_CAPABILITIES: frozenset[str] = frozenset({ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL})
@@ -476,6 +532,13 @@ _VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})
 # Arguments/admission capabilities of the reference (section owner adds them here).
 _ADMISSION_CAPABILITIES: frozenset[str] = frozenset({CLI_ARGS, ADMISSION, PIPELINES})
 
+# Checkpoint-safety capabilities of the reference (section owner adds them here).
+_CHECKPOINT_CAPABILITIES: frozenset[str] = frozenset({CHECKPOINT_SAFETY})
+
 ReferenceAdapter.capabilities = (
-    ReferenceAdapter.capabilities | _DIT_CAPABILITIES | _VAE_CAPABILITIES | _ADMISSION_CAPABILITIES
+    ReferenceAdapter.capabilities
+    | _DIT_CAPABILITIES
+    | _VAE_CAPABILITIES
+    | _ADMISSION_CAPABILITIES
+    | _CHECKPOINT_CAPABILITIES
 )

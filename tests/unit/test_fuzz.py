@@ -2,8 +2,10 @@
 
 Property: a valid checkpoint with one mutation either opens and reads back exactly what its files
 say (bit-exactly the original state when the mutation is harmless) or raises `CheckpointError`
-naming a file of the checkpoint; never another exception. The unit tier runs a small
-derandomized sample; HYPOTHESIS_PROFILE=fuzz runs many more (see fakes/fuzz.py).
+naming a file of the checkpoint; never another exception. The properties reach the loader through
+the adapter (`inspect_checkpoint`, `read_checkpoint_tensor`); tests of the reference's own
+tensor reader across file changes are internal. The unit tier runs a small derandomized sample;
+HYPOTHESIS_PROFILE=fuzz runs many more (see fakes/fuzz.py).
 
 What the reader cannot defend: a CPU tensor it returned is a view of a memory map, so a file
 truncated *while* such a view is alive (or between the size check and the copy of a device read)
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 
 from fakes.checkpoints import write_checkpoint
 from fakes.fuzz import FUZZ_SETTINGS, checkpoints, mutate, pairs_or_none, same_meaning, write
+from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
 
@@ -85,9 +88,14 @@ def mixed_state() -> dict[str, torch.Tensor]:
     }
 
 
-def read_all(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
-    reader = TensorReader(open_checkpoint(path))
-    return {name: reader.read(name, device=device) for name in reader}
+def read_all(loader: LoaderAdapter, path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor at `path`, read through the adapter and checked against its listing."""
+    listed = loader.inspect_checkpoint(path)
+    got = {name: loader.read_checkpoint_tensor(path, name, device=device) for name in listed}
+    for name, tensor in got.items():
+        assert (tensor.dtype, tuple(tensor.shape)) == tuple(listed[name]), name
+        assert tensor.device.type == device.type, name
+    return got
 
 
 def assert_says_what_files_say(got: dict[str, torch.Tensor], folder: Path) -> None:
@@ -126,10 +134,13 @@ def assert_says_what_files_say(got: dict[str, torch.Tensor], folder: Path) -> No
 
 
 @pytest.mark.rule("CKPT-2", "ZC-13")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
 @FUZZ_SETTINGS
 @given(drawn=checkpoints())
 def test_valid_checkpoints_read_back_bit_exactly_and_stay_unwritten(
-    runtime_device: torch.device, drawn: tuple[dict[str, torch.Tensor], int, dict[str, str]]
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    drawn: tuple[dict[str, torch.Tensor], int, dict[str, str]],
 ) -> None:
     state, shards, metadata = drawn
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,7 +148,7 @@ def test_valid_checkpoints_read_back_bit_exactly_and_stay_unwritten(
         path = write(state, folder, shards, metadata)
         hashes = digests(folder)
         for where, device in ((path, runtime_device), (folder, CPU)):
-            got = read_all(where, device)
+            got = read_all(loader, where, device)
             assert set(got) == set(state)
             for name, tensor in got.items():
                 assert (tensor.dtype, tensor.shape) == (state[name].dtype, state[name].shape)
@@ -147,9 +158,11 @@ def test_valid_checkpoints_read_back_bit_exactly_and_stay_unwritten(
 
 
 @pytest.mark.rule("CKPT-4")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
 @FUZZ_SETTINGS
 @given(drawn=checkpoints(), data=st.data())
 def test_mutated_checkpoint_reads_exactly_or_names_the_file(
+    loader: LoaderAdapter,
     runtime_device: torch.device,
     drawn: tuple[dict[str, torch.Tensor], int, dict[str, str]],
     data: st.DataObject,
@@ -166,8 +179,9 @@ def test_mutated_checkpoint_reads_exactly_or_names_the_file(
         )
         hashes = digests(folder)
         error: CheckpointError | None = None
+        where = data.draw(st.sampled_from([path, folder]))
         try:
-            checkpoint = open_checkpoint(data.draw(st.sampled_from([path, folder])))
+            loader.inspect_checkpoint(where)
         except CheckpointError as caught:
             error = caught
         if error is not None:
@@ -181,8 +195,7 @@ def test_mutated_checkpoint_reads_exactly_or_names_the_file(
                 assert Path(error.file).name in before
         else:
             event(f"{mutation.kind}: {'harmless' if harmless else 'changed'}, opened")
-            reader = TensorReader(checkpoint)
-            got = {name: reader.read(name, device=runtime_device) for name in reader}
+            got = read_all(loader, where, runtime_device)
             assert_says_what_files_say(got, folder)
             if harmless:
                 assert set(got) == set(state)
@@ -191,7 +204,7 @@ def test_mutated_checkpoint_reads_exactly_or_names_the_file(
         assert digests(folder) == hashes
 
 
-@pytest.mark.rule("CKPT-4", "CKPT-5")
+@pytest.mark.internal
 @pytest.mark.parametrize("when", ["before-the-map", "after-the-map", "restored-after-the-map"])
 def test_shard_cut_after_open_fails_the_read_naming_file_and_tensor(
     tmp_path: Path, runtime_device: torch.device, when: str
@@ -221,7 +234,7 @@ def test_shard_cut_after_open_fails_the_read_naming_file_and_tensor(
     assert digests(tmp_path) == hashes  # the failed read wrote nothing
 
 
-@pytest.mark.rule("CKPT-4")
+@pytest.mark.internal
 def test_shard_removed_after_open_fails_the_read_naming_it(
     tmp_path: Path, runtime_device: torch.device
 ) -> None:
@@ -235,15 +248,18 @@ def test_shard_removed_after_open_fails_the_read_naming_it(
 
 
 @pytest.mark.rule("CKPT-4")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX only")
-def test_named_pipe_in_place_of_a_shard_is_refused_without_blocking(tmp_path: Path) -> None:
+def test_named_pipe_in_place_of_a_shard_is_refused_without_blocking(
+    loader: LoaderAdapter, tmp_path: Path
+) -> None:
     pipe = tmp_path / "model.safetensors"
     os.mkfifo(pipe)
     outcome: list[Exception] = []
 
     def attempt() -> None:
         try:
-            open_checkpoint(pipe)
+            loader.inspect_checkpoint(pipe)
         except Exception as exc:
             outcome.append(exc)
 
@@ -257,34 +273,48 @@ def test_named_pipe_in_place_of_a_shard_is_refused_without_blocking(tmp_path: Pa
     assert not blocked, "open_checkpoint blocked on a named pipe"
     assert len(outcome) == 1
     assert isinstance(outcome[0], CheckpointError)
-    assert str(outcome[0]) == f"{pipe}: is not a regular file; a checkpoint shard must be a file"
+    assert (outcome[0].file, outcome[0].entry) == (str(pipe), None)
 
 
 @pytest.mark.rule("CKPT-4")
-def test_path_through_a_file_is_one_clear_error(tmp_path: Path) -> None:
+@pytest.mark.capability(CHECKPOINT_SAFETY)
+def test_path_through_a_file_is_one_clear_error(loader: LoaderAdapter, tmp_path: Path) -> None:
     inner = write_checkpoint(mixed_state(), tmp_path) / "model.safetensors"
-    with pytest.raises(CheckpointError, match="cannot be read") as caught:
-        open_checkpoint(inner)
-    assert caught.value.file == str(inner)
+    with pytest.raises(CheckpointError) as caught:
+        loader.inspect_checkpoint(inner)
+    assert (caught.value.file, caught.value.entry) == (str(inner), None)
 
 
 @pytest.mark.rule("ZC-13", "CKPT-5")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
 def test_in_place_writes_to_read_tensors_never_reach_the_files(
-    tmp_path: Path, runtime_device: torch.device
+    loader: LoaderAdapter, tmp_path: Path, runtime_device: torch.device
 ) -> None:
     state = mixed_state()
     path = write_checkpoint(state, tmp_path, shards=2)
     hashes = digests(tmp_path)
-    checkpoint = open_checkpoint(path)
     for device in dict.fromkeys([CPU, runtime_device]):
-        reader = TensorReader(checkpoint)
-        for name in reader:
-            tensor = reader.read(name, device=device)
-            if device == CPU:  # a view of the file's map, so the write below lands on its pages
-                mapped = tensor.untyped_storage().nbytes()
-                assert mapped == checkpoint.tensors[name].file.stat().st_size
+        for name, tensor in read_all(loader, path, device).items():
             assert invert_in_place(tensor) == raw_bytes(state[name])
-        reader.close()
-    for name, tensor in read_all(path, CPU).items():  # a fresh map sees the files, not the writes
+    for name, tensor in read_all(loader, path, CPU).items():  # a fresh read sees the files
         assert raw_bytes(tensor) == raw_bytes(state[name])
     assert digests(tmp_path) == hashes
+
+
+@pytest.mark.internal
+def test_reference_cpu_reads_are_views_of_a_private_map(tmp_path: Path) -> None:
+    """Why the test above means something for the reference: a CPU read is a view of the whole
+    file's map, so a write to it lands on the mapped pages (private: the file never sees it)."""
+    state = mixed_state()
+    path = write_checkpoint(state, tmp_path)
+    checkpoint = open_checkpoint(path)
+    reader = TensorReader(checkpoint)
+    tensors = {name: reader.read(name, device=CPU) for name in reader}
+    storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
+    assert len(storages) == 1
+    assert next(iter(tensors.values())).untyped_storage().nbytes() == path.stat().st_size
+    before = digests(tmp_path)
+    for tensor in tensors.values():
+        invert_in_place(tensor)
+    reader.close()
+    assert digests(tmp_path) == before

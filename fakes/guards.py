@@ -1,0 +1,79 @@
+"""Watching a load from outside: the files it must not write, the error it must raise.
+
+`Seal`: loaders never write a checkpoint file (CKPT-5, ZC-13). A test seals the files it wrote
+before it hands them to a loader; `broken()` lists every sealed file whose bytes changed since.
+
+`failure_of`: a load of bad input must end in an error (CKPT-4): not hang, and not return a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+
+def file_hash(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Seal:
+    """The hashes of sealed files, by path; `roots` lists what was sealed, files or folders."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[Path, str] = {}
+        self.roots: list[Path] = []
+
+    def add(self, *paths: Path) -> None:
+        """Seal files, and every file under folders (again after a test's own edit)."""
+        self.roots.extend(paths)
+        for path in paths:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            for file in files:
+                if file.is_file():
+                    self.hashes[file] = file_hash(file)
+
+    def broken(self) -> list[str]:
+        """Sealed files whose bytes changed, or that are gone; empty when all are intact."""
+        return [
+            f"{path}: {'gone' if not path.is_file() else 'bytes changed'}"
+            for path, digest in self.hashes.items()
+            if not path.is_file() or file_hash(path) != digest
+        ]
+
+
+def failure_of(load: Callable[[], object], *, seconds: float = 120.0) -> BaseException:
+    """Run `load`, which must fail, in a thread bounded in time; return what it raised.
+
+    The error comes back without its traceback (and so do the errors it chains), so the frames of
+    the failed load no longer keep its locals alive: whatever the error still references, the
+    caller holds.
+
+    Raises:
+        AssertionError: `load` did not finish within `seconds`, or returned instead of raising.
+    """
+    outcome: list[BaseException | object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(load())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the load hung (still running after {seconds:.0f} s)"
+    (result,) = outcome
+    assert isinstance(result, BaseException), f"the load returned {type(result).__name__}"
+    chain: list[BaseException] = [result]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        following = chain[-1].__cause__ or chain[-1].__context__
+        if following is None or following in chain:
+            break
+        chain.append(following)
+    for error in chain:
+        error.__traceback__ = None
+    return result

@@ -1,0 +1,278 @@
+"""CKPT-5, ZC-12, ZC-13: a load returns a complete component or raises; files are never written.
+
+A failure in the middle of a load (a shard cut after its header was read, a post-load step that
+fails) must leave the caller with nothing: no module returned, none reachable through the error,
+none alive at all once the error is gone (the corpus models are tracked weakly). Every checkpoint
+file is sealed by its hash before the load and checked after every test, including writes to the
+loaded parameters; parameters never alias each other unless the model ties them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from pytest_mock import MockerFixture
+from torch import nn
+
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import CorpusDiT, corpus_pipeline, mark, survivors, while_building
+from fakes.corrupt import small_state, write_bad_checkpoint
+from fakes.guards import Seal, failure_of
+from fakes.layers import LINEAR_KINDS, ReplicatedLinear
+from fakes.load_paths import (
+    CAPABILITY,
+    CHECKPOINT_PATHS,
+    PIPELINE_COMPONENTS,
+    direct_device,
+    load_checkpoint,
+    load_component,
+)
+from reference.adapter import (
+    CHECKPOINT_SAFETY,
+    DIRECT_DIT,
+    FP8_DEFER,
+    ZERO_COPY,
+    LoaderAdapter,
+    PlanLike,
+)
+from reference.checkpoint import TensorReader
+from reference.errors import CheckpointError, QuantizationLoadError
+from reference.quantization import QuantizationSpec
+
+pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
+
+PATHS = [
+    pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p]))
+    for p in (*CHECKPOINT_PATHS, *PIPELINE_COMPONENTS)
+]
+CUT_SHARD = "model-00002-of-00002.safetensors"  # holds proj.bias, the last tensor read
+
+
+@pytest.fixture(autouse=True)
+def sealed() -> Iterator[Seal]:
+    """Every checkpoint file a test hands a loader is hashed before the load and checked after."""
+    seal = Seal()
+    yield seal
+    assert seal.roots, "the test sealed no checkpoint"
+    assert seal.broken() == []
+
+
+def load_on(
+    path: str, loader: LoaderAdapter, tmp_path: Path, runtime_device: torch.device
+) -> tuple[Path, Callable[[], object]]:
+    """Write the corpus base in two shards for `path` and return (shard folder, the load)."""
+    if path in PIPELINE_COMPONENTS:
+        folder = corpus_pipeline(tmp_path, emptied=path)
+        write_checkpoint(small_state(), folder, shards=2)
+        return folder, lambda: load_component(loader, tmp_path, path, runtime_device=runtime_device)
+    folder = tmp_path / "ckpt"
+    index = write_checkpoint(small_state(), folder, shards=2)
+    return folder, lambda: load_checkpoint(path, loader, index, runtime_device=runtime_device)
+
+
+def cutter(shard: Path, seal: Seal) -> Callable[[], None]:
+    """Cuts the last byte off `shard` once, the first time a model is built, and re-seals it:
+    another process truncating the file after its header was read."""
+    done = threading.Event()
+
+    def cut() -> None:
+        if not done.is_set():
+            done.set()
+            os.truncate(shard, shard.stat().st_size - 1)
+            seal.add(shard)
+
+    return cut
+
+
+# --- a failure in the middle of a load (CKPT-5) --------------------------------------------------
+
+
+@pytest.mark.rule("CKPT-4", "CKPT-5")
+@pytest.mark.parametrize("path", PATHS)
+def test_shard_cut_during_the_load_leaves_nothing_behind(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+) -> None:
+    folder, load = load_on(path, loader, tmp_path, runtime_device)
+    sealed.add(tmp_path)
+    since = mark()
+    with while_building(cutter(folder / CUT_SHARD, sealed)):
+        error = failure_of(load)
+    assert isinstance(error, CheckpointError), f"{type(error).__name__}: {error}"
+    assert (Path(error.file).name, error.entry) == (CUT_SHARD, "proj.bias")
+    assert survivors(since) == [], "the half-loaded model is still reachable"
+
+
+@pytest.mark.internal
+@pytest.mark.parametrize("path", ["dit-adopt", "dit-direct", "vae-stream", "transformer"])
+def test_reference_cut_lands_after_the_first_tensors_were_read(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    mocker: MockerFixture,
+    path: str,
+) -> None:
+    """For the reference the cut above is mid-stream: headers read, two tensors in, one fails."""
+    folder, load = load_on(path, loader, tmp_path, runtime_device)
+    sealed.add(tmp_path)
+    reads = mocker.spy(TensorReader, "read")
+    with while_building(cutter(folder / CUT_SHARD, sealed)):
+        failure_of(load)
+    names = [c.args[1] for c in reads.call_args_list]
+    assert names == ["proj.weight", "norm.weight", "proj.bias"]
+    assert isinstance(reads.spy_exception, CheckpointError)
+
+
+@pytest.mark.rule("CKPT-5", "FP8-5")
+@pytest.mark.capability(ZERO_COPY, FP8_DEFER)
+def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    offload_plan: PlanLike,
+) -> None:
+    # every slot is filled, then post-load processing refuses: quantization was asked for, but
+    # the model was built without it
+    checkpoint = write_checkpoint(small_state(), tmp_path)
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: loader.load_dit(
+            CorpusDiT,
+            checkpoint,
+            plan=offload_plan,
+            kinds=LINEAR_KINDS,
+            quantization=QuantizationSpec("fp8"),
+        )
+    )
+    assert isinstance(error, QuantizationLoadError), f"{type(error).__name__}: {error}"
+    assert survivors(since) == [], "the loaded-but-refused model is still reachable"
+
+
+@pytest.fixture
+def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
+    """The plan of an unquantized, CPU-offloaded DiT: it loads on CPU, where adoption happens."""
+    device = loader.resolve_checkpoint_load_device(
+        runtime_device, component_cpu_offload=True, quantization=None
+    )
+    return loader.plan_for_component(
+        checkpoint_load_device=device,
+        needs_device_weight_postprocess=False,
+        component_cpu_offload=True,
+    )
+
+
+# --- checkpoint files are never written (ZC-13, CKPT-5) ------------------------------------------
+
+
+@pytest.mark.rule("ZC-13", "CKPT-5")
+@pytest.mark.parametrize("path", PATHS)
+def test_writing_to_every_loaded_tensor_leaves_the_files_unchanged(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+) -> None:
+    folder, load = load_on(path, loader, tmp_path, runtime_device)
+    sealed.add(tmp_path)
+    module = load()
+    assert isinstance(module, nn.Module)
+    state = module.state_dict()
+    assert set(state) == set(small_state())
+    with torch.no_grad():
+        for tensor in state.values():
+            tensor.view(-1).view(torch.uint8).bitwise_not_()
+    # the seal checks the bytes at teardown; a fresh read sees the files, not the writes
+    for name, tensor in small_state().items():
+        fresh = loader.read_checkpoint_tensor(folder, name, device=torch.device("cpu"))
+        assert torch.equal(fresh, tensor), name
+
+
+# --- aliasing (ZC-12) ---------------------------------------------------------------------------
+
+
+class TiedPair(nn.Module):
+    """Two standard linears whose weights the model ties: one parameter under two names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = ReplicatedLinear(4, 8, bias=False)
+        self.b = ReplicatedLinear(4, 8, bias=False)
+        self.b.weight = self.a.weight
+
+
+@pytest.mark.rule("ZC-12")
+@pytest.mark.capability(ZERO_COPY)
+@pytest.mark.parametrize("names", [("a.weight",), ("a.weight", "b.weight")], ids=["one", "both"])
+def test_tied_parameters_load_from_files_as_one(
+    loader: LoaderAdapter,
+    tmp_path: Path,
+    sealed: Seal,
+    offload_plan: PlanLike,
+    names: tuple[str, ...],
+) -> None:
+    weight = torch.randn(8, 4)
+    checkpoint = write_checkpoint({n: weight.clone() for n in names}, tmp_path)
+    sealed.add(tmp_path)
+    module, report = loader.load_dit(TiedPair, checkpoint, plan=offload_plan, kinds=LINEAR_KINDS)
+    assert isinstance(module, TiedPair)
+    assert module.a.weight is module.b.weight
+    assert torch.equal(module.a.weight, weight)
+    assert report.adopted[0] + report.copied[0] == 1
+
+
+@pytest.mark.rule("ZC-12", "CKPT-4")
+@pytest.mark.capability(ZERO_COPY, DIRECT_DIT)
+@pytest.mark.parametrize("path", ["dit-adopt", "dit-direct"])
+def test_two_names_over_overlapping_bytes_in_a_file_are_refused(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+) -> None:
+    bad = write_bad_checkpoint("offsets-overlap", tmp_path / "ckpt")
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: load_checkpoint(path, loader, bad.path, runtime_device=runtime_device)
+    )
+    assert isinstance(error, CheckpointError), f"{type(error).__name__}: {error}"
+    assert (Path(error.file).name, error.entry) == (bad.file, bad.entry)
+    assert survivors(since) == []
+
+
+def pair() -> nn.Module:
+    with torch.device("meta"):
+        return nn.ModuleDict(
+            {"a": ReplicatedLinear(3, 4, bias=False), "b": ReplicatedLinear(3, 4, bias=False)}
+        )
+
+
+@pytest.mark.rule("ZC-12", "DG-5")
+@pytest.mark.capability(DIRECT_DIT)
+def test_direct_mode_adopts_shared_or_overlapping_device_bytes_once(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal
+) -> None:
+    sealed.add(tmp_path)  # no file is involved: the tensors are handed over in memory
+    device = direct_device(runtime_device)
+    plan = loader.plan_for_component(
+        checkpoint_load_device=device,
+        needs_device_weight_postprocess=False,
+        component_cpu_offload=False,
+        load_full_state_dict_on_device=True,
+    )
+    base = torch.randn(24).to(device)
+    feeds = {
+        "one-tensor": [("a.weight", base[:12].view(4, 3)), ("b.weight", base[:12].view(4, 3))],
+        "overlap": [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[6:18].view(4, 3))],
+    }
+    for what, tensors in feeds.items():
+        module = pair()
+        report = loader.load_full_state(module, tensors, plan=plan, kinds=LINEAR_KINDS)
+        assert report.adopted[0] == 1, what
+        assert report.refusals["b.weight"].startswith("ZC-12: "), what
+    module = pair()
+    disjoint = [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[12:24].view(4, 3))]
+    report = loader.load_full_state(module, disjoint, plan=plan, kinds=LINEAR_KINDS)
+    assert report.adopted[0] == 2

@@ -1,0 +1,249 @@
+"""CKPT-4: every bad checkpoint, on every loading path, ends in one clear error.
+
+The corpus (fakes/corrupt.py) is broken from one valid base that the corpus models fit exactly
+(fakes/corpus_models.py), so a load of an entry can only fail for being corrupt. Each entry goes
+down every path of fakes/load_paths.py: the DiT with adoption, the DiT in direct mode, the VAE
+stream, and a pipeline's transformer and VAE components. Every load must raise `CheckpointError`
+naming the file and the entry, on one line; never hang, return a model, or leave a model built
+from the bad input alive. Checkpoints that are well formed but belong to another model raise
+`StateMismatchError` naming the tensor instead. No test writes to a checkpoint file it sealed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import corpus_pipeline, mark, survivors
+from fakes.corrupt import CASES, BadCheckpoint, small_state, write_bad_checkpoint
+from fakes.guards import Seal, failure_of
+from fakes.load_paths import (
+    CAPABILITY,
+    CHECKPOINT_PATHS,
+    PIPELINE_COMPONENTS,
+    load_checkpoint,
+    load_component,
+)
+from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.checkpoint import open_checkpoint
+from reference.errors import CheckpointError, StateMismatchError
+
+pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
+
+ON_CHECKPOINTS = [
+    pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p])) for p in CHECKPOINT_PATHS
+]
+IN_PIPELINES = [
+    pytest.param(c, marks=pytest.mark.capability(CAPABILITY[c])) for c in PIPELINE_COMPONENTS
+]
+
+
+@pytest.fixture(autouse=True)
+def sealed() -> Iterator[Seal]:
+    """Every checkpoint file a test hands a loader is hashed before the load and checked after."""
+    seal = Seal()
+    yield seal
+    assert seal.roots, "the test sealed no checkpoint"
+    assert seal.broken() == []
+
+
+def assert_one_clear_error(error: BaseException, *, file: str, entry: str | None) -> None:
+    """A CheckpointError naming `file` and `entry` on one line, with the problem stated."""
+    assert isinstance(error, CheckpointError), f"{type(error).__name__}: {error}"
+    message = str(error)
+    assert "\n" not in message, message
+    assert Path(error.file).name == file, message
+    assert error.entry == entry, message
+    assert file in message, message
+    assert entry is None or f"[{entry}]" in message, message
+    assert error.problem.strip(), message
+
+
+def expected_in_folder(bad: BadCheckpoint, folder: Path) -> tuple[str, str | None]:
+    """File and entry a load of the whole folder names: a missing file leaves a folder without
+    weights, and the folder is at fault."""
+    return (folder.name, None) if bad.case == "missing-file" else (bad.file, bad.entry)
+
+
+# --- the corpus on every path --------------------------------------------------------------------
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize("path", ON_CHECKPOINTS)
+def test_valid_base_of_the_corpus_loads_on_every_path(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+) -> None:
+    state = small_state()
+    checkpoint = write_checkpoint(state, tmp_path)
+    sealed.add(tmp_path)
+    module = load_checkpoint(path, loader, checkpoint, runtime_device=runtime_device)
+    got = module.state_dict()
+    assert set(got) == set(state)
+    for name, tensor in state.items():
+        assert (got[name].dtype, got[name].shape) == (tensor.dtype, tensor.shape), name
+        if not got[name].is_meta:
+            assert torch.equal(got[name].cpu(), tensor), name
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize("component", IN_PIPELINES)
+def test_valid_corpus_pipeline_loads(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    component: str,
+) -> None:
+    # the pipeline's own weights are valid: only what a test writes into it can break a load
+    root = corpus_pipeline(tmp_path)
+    sealed.add(root)
+    module = load_component(loader, root, component, runtime_device=runtime_device)
+    assert set(module.state_dict()) == set(small_state())
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("path", ON_CHECKPOINTS)
+def test_corrupt_checkpoint_is_one_clear_error_on_every_path(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    path: str,
+    case: str,
+) -> None:
+    bad = write_bad_checkpoint(case, tmp_path / "ckpt")
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: load_checkpoint(path, loader, bad.path, runtime_device=runtime_device)
+    )
+    assert_one_clear_error(error, file=bad.file, entry=bad.entry)
+    assert survivors(since) == [], "a model built from the bad checkpoint is still alive"
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("component", IN_PIPELINES)
+def test_corrupt_component_weights_are_one_clear_error_in_a_pipeline(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    component: str,
+    case: str,
+) -> None:
+    folder = corpus_pipeline(tmp_path, emptied=component)
+    bad = write_bad_checkpoint(case, folder)
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: load_component(loader, tmp_path, component, runtime_device=runtime_device)
+    )
+    file, entry = expected_in_folder(bad, folder)
+    assert_one_clear_error(error, file=file, entry=entry)
+    assert survivors(since) == [], "a model built from the bad checkpoint is still alive"
+
+
+@pytest.mark.internal
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reference_messages_say_what_is_wrong(tmp_path: Path, sealed: Seal, case: str) -> None:
+    """The reference's wording for each corpus entry (other loaders word it their own way)."""
+    bad = write_bad_checkpoint(case, tmp_path / "ckpt")
+    sealed.add(tmp_path)
+    with pytest.raises(CheckpointError) as caught:
+        open_checkpoint(bad.path)
+    assert bad.words in caught.value.problem
+
+
+# --- well formed, but another model's checkpoint: StateMismatchError ------------------------------
+
+
+def mismatched_state(kind: str) -> dict[str, torch.Tensor]:
+    state = small_state()
+    if kind == "unknown-name":
+        state["extra.weight"] = torch.ones(2)
+    elif kind == "missing-name":
+        del state["proj.bias"]
+    elif kind == "renamed":
+        state["proj.weights"] = state.pop("proj.weight")
+    elif kind == "wrong-shape":
+        state["proj.weight"] = torch.ones(8, 5)
+    return state
+
+
+MISMATCHES = {
+    "unknown-name": "extra.weight",
+    "missing-name": "proj.bias",
+    "renamed": "proj.weights",
+    "wrong-shape": "proj.weight",
+}
+
+
+@pytest.mark.rule("CKPT-4", "CKPT-5")
+@pytest.mark.parametrize("kind", sorted(MISMATCHES))
+@pytest.mark.parametrize("path", ON_CHECKPOINTS)
+def test_another_models_checkpoint_is_a_state_mismatch_naming_the_tensor(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    path: str,
+    kind: str,
+) -> None:
+    checkpoint = write_checkpoint(mismatched_state(kind), tmp_path)
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: load_checkpoint(path, loader, checkpoint, runtime_device=runtime_device)
+    )
+    assert isinstance(error, StateMismatchError), f"{type(error).__name__}: {error}"
+    assert MISMATCHES[kind] in str(error)
+    assert survivors(since) == []
+
+
+@pytest.mark.rule("CKPT-4", "CKPT-5")
+@pytest.mark.parametrize("kind", sorted(MISMATCHES))
+@pytest.mark.parametrize("component", IN_PIPELINES)
+def test_another_models_weights_in_a_pipeline_are_a_state_mismatch(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    component: str,
+    kind: str,
+) -> None:
+    folder = corpus_pipeline(tmp_path, emptied=component)
+    write_checkpoint(mismatched_state(kind), folder)
+    sealed.add(tmp_path)
+    since = mark()
+    error = failure_of(
+        lambda: load_component(loader, tmp_path, component, runtime_device=runtime_device)
+    )
+    assert isinstance(error, StateMismatchError), f"{type(error).__name__}: {error}"
+    assert MISMATCHES[kind] in str(error)
+    assert survivors(since) == []
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize("path", ON_CHECKPOINTS)
+def test_another_dtype_is_converted_to_the_slots_dtype_not_refused(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+) -> None:
+    state = {n: t.to(torch.float16) for n, t in small_state().items()}
+    checkpoint = write_checkpoint(state, tmp_path)
+    sealed.add(tmp_path)
+    module: nn.Module = load_checkpoint(path, loader, checkpoint, runtime_device=runtime_device)
+    for name, tensor in module.state_dict().items():
+        assert tensor.dtype == small_state()[name].dtype, name
+        if not tensor.is_meta:
+            assert torch.equal(tensor.cpu(), state[name].to(tensor.dtype)), name

@@ -1,0 +1,77 @@
+"""The reference's command line on bad weights: one line on stderr, exit 2, nothing loaded.
+
+`python -m reference load DIR` runs in a subprocess, as a user would run it, on a corpus pipeline
+(fakes/corpus_models.py) whose transformer or VAE weights are a bad checkpoint. A few
+representative cases only: every case on every in-process path is in test_bad_input.py and
+test_pickle.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes.corpus_models import corpus_pipeline
+from fakes.corrupt import write_bad_checkpoint
+from fakes.guards import Seal
+from fakes.pickles import write_pickle_case
+
+pytestmark = pytest.mark.internal
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_command(pipeline: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    argv = ["load", str(pipeline), "--models", "fakes.corpus_models", "--dit-cpu-offload"]
+    return subprocess.run(
+        [sys.executable, "-m", "reference", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def assert_refused_in_one_line(
+    result: subprocess.CompletedProcess[str], where: str, words: str
+) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)  # not a crash (< 0)
+    assert result.stdout == "", "a table was printed: something looked loaded"
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {where}: "), result.stderr
+    assert words in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("component", "case"),
+    [("transformer", "truncated-in-data"), ("vae", "index-names-missing-shard")],
+)
+def test_corrupt_weights_end_the_command_with_one_line(
+    tmp_path: Path, component: str, case: str
+) -> None:
+    folder = corpus_pipeline(tmp_path, emptied=component)
+    bad = write_bad_checkpoint(case, folder)
+    seal = Seal()
+    seal.add(tmp_path)
+    result = load_command(tmp_path)
+    assert_refused_in_one_line(result, f"{folder / bad.file} [{bad.entry}]", bad.words)
+    assert seal.broken() == []
+
+
+def test_pickle_weights_are_refused_and_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled.txt"
+    folder = corpus_pipeline(tmp_path / "pipeline", emptied="transformer")
+    case = write_pickle_case("pickle-file", folder, marker=marker)
+    seal = Seal()
+    seal.add(tmp_path)
+    result = load_command(tmp_path / "pipeline")
+    assert_refused_in_one_line(result, str(case.path), case.words)
+    assert not marker.exists(), "the pickle was unpickled: code from the checkpoint ran"
+    assert seal.broken() == []

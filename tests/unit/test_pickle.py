@@ -1,0 +1,132 @@
+"""CKPT-1: pickle checkpoints are refused without being unpickled, on every path.
+
+Each pickle (fakes/pickles.py) holds traps: unpickling one creates a marker file. Every path
+(fakes/load_paths.py, and the adapter's own checkpoint inspection) is handed each pickle; the load
+must be refused naming the file, or, for a pickle lying beside valid safetensors, succeed from the
+safetensors alone. Either way the marker must not exist afterwards: nothing from a checkpoint ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from fakes.corpus_models import corpus_pipeline
+from fakes.corrupt import small_state
+from fakes.guards import Seal, failure_of
+from fakes.load_paths import (
+    CAPABILITY,
+    CHECKPOINT_PATHS,
+    PIPELINE_COMPONENTS,
+    load_checkpoint,
+    load_component,
+)
+from fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
+from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.errors import CheckpointError
+
+pytestmark = [pytest.mark.rule("CKPT-1"), pytest.mark.capability(CHECKPOINT_SAFETY)]
+
+ON_CHECKPOINTS = [
+    pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p])) for p in CHECKPOINT_PATHS
+]
+IN_PIPELINES = [
+    pytest.param(c, marks=pytest.mark.capability(CAPABILITY[c])) for c in PIPELINE_COMPONENTS
+]
+
+
+@pytest.fixture(autouse=True)
+def sealed() -> Iterator[Seal]:
+    """Every checkpoint file a test hands a loader is hashed before the load and checked after."""
+    seal = Seal()
+    yield seal
+    assert seal.roots, "the test sealed no checkpoint"
+    assert seal.broken() == []
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Iterator[Path]:
+    """Where a trap leaves its mark; it must not exist when the test ends."""
+    path = tmp_path / "unpickled.txt"
+    yield path
+    assert not path.exists(), "a pickle from the checkpoint was unpickled: its code ran"
+
+
+def judge(case: PickleCase, load: object) -> None:
+    """A pickle is refused naming its file; beside safetensors, the load succeeds without it."""
+    if case.file is None:
+        assert load is not None
+        return
+    assert isinstance(load, CheckpointError), f"{type(load).__name__}: {load}"
+    assert Path(load.file).name == case.file, str(load)
+    assert case.file in str(load)
+
+
+@pytest.mark.parametrize("case", sorted(PICKLE_CASES))
+@pytest.mark.parametrize("path", ON_CHECKPOINTS)
+def test_pickle_is_never_unpickled_on_any_loading_path(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    marker: Path,
+    *,
+    path: str,
+    case: str,
+) -> None:
+    written = write_pickle_case(case, tmp_path / "ckpt", marker=marker)
+    sealed.add(tmp_path / "ckpt")
+
+    def load() -> object:
+        return load_checkpoint(path, loader, written.path, runtime_device=runtime_device)
+
+    judge(written, load() if written.file is None else failure_of(load))
+
+
+@pytest.mark.parametrize("case", sorted(PICKLE_CASES))
+@pytest.mark.parametrize("component", IN_PIPELINES)
+def test_pickle_in_a_pipeline_is_never_unpickled(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    marker: Path,
+    *,
+    component: str,
+    case: str,
+) -> None:
+    root = tmp_path / "pipeline"
+    written = write_pickle_case(case, corpus_pipeline(root, emptied=component), marker=marker)
+    sealed.add(root)
+
+    def load() -> object:
+        return load_component(loader, root, component, runtime_device=runtime_device)
+
+    judge(written, load() if written.file is None else failure_of(load))
+
+
+@pytest.mark.parametrize("case", sorted(PICKLE_CASES))
+def test_inspection_and_reads_never_unpickle(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    marker: Path,
+    case: str,
+) -> None:
+    written = write_pickle_case(case, tmp_path / "ckpt", marker=marker)
+    sealed.add(tmp_path / "ckpt")
+    if written.file is None:
+        assert set(loader.inspect_checkpoint(written.path)) == set(small_state())
+        tensor = loader.read_checkpoint_tensor(written.path, "proj.bias", device=runtime_device)
+        assert torch.equal(tensor.cpu(), small_state()["proj.bias"])
+        return
+    judge(written, failure_of(lambda: loader.inspect_checkpoint(written.path)))
+    read = failure_of(
+        lambda: loader.read_checkpoint_tensor(written.path, "proj.bias", device=runtime_device)
+    )
+    judge(written, read)
