@@ -6,7 +6,7 @@ reader), zero-copy adoption and per-tensor streaming, post-load processing, and 
 plus the adapter seam the conformance suite uses.
 """
 
-from reference.adapter import LoaderAdapter, ReferenceAdapter
+from reference.adapter import LoaderAdapter
 from reference.admission import admit
 from reference.adopt import LinearKinds, Verdict, load_full_state, zero_copy_verdict
 from reference.args import ServerArgs, parse_args
@@ -30,6 +30,7 @@ from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.postload import OffloadOptions, offload_for_quantization
 from reference.preflight import check_device_memory
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
+from reference.reference_adapter import ReferenceAdapter
 from reference.report import LoadReport, TensorRecord
 from reference.rules import RULES, Rule
 from reference.slots import state_slots

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Literal, cast
 
-from reference.adapter import ALL_CAPABILITIES, LoaderAdapter, ReferenceAdapter
+from reference.adapter import ALL_CAPABILITIES, LoaderAdapter
+from reference.reference_adapter import ReferenceAdapter
 
 ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
 ENV_VAR = "LOADER_UNDER_TEST"
@@ -29,7 +30,7 @@ HOW_TO_CHOOSE = (
     f"     {OPTION}=NAME                 an entry point in group '{ENTRY_POINT_GROUP}'\n"
     f"  2. {ENV_VAR}=SPEC        the same syntax, in the environment\n"
     "  3. neither                       the reference's own adapter"
-    " (reference.adapter:ReferenceAdapter)"
+    " (reference.reference_adapter:ReferenceAdapter)"
 )
 
 

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 from fakes.checkpoints import write_checkpoint
 from fakes.pipelines import FULL_PIPELINE, SMALL_PIPELINE, write_pipeline
 from fakes.platform import FakePlatform
-from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter, ReferenceAdapter
+from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 from reference.args import ServerArgsLike
 from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
+from reference.reference_adapter import ReferenceAdapter
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)

@@ -17,13 +17,14 @@ from pytest_mock import MockerFixture
 
 from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
 from fakes.platform import FakePlatform
-from reference.adapter import LoaderAdapter, ReferenceAdapter
+from reference.adapter import LoaderAdapter
 from reference.args import parse_args
 from reference.cli import HEADER, load_command, load_with_table
 from reference.diffusers_models import INSTALL_HINT, VAE_PACKAGE, resolve_vae_class
 from reference.errors import CheckpointError
 from reference.model_loaders import VAELoader
 from reference.pipeline import read_pipeline
+from reference.reference_adapter import ReferenceAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"

@@ -29,8 +29,9 @@ from fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
-from reference.adapter import PIPELINES, VAE_STREAM, LoaderAdapter, ReferenceAdapter
+from reference.adapter import PIPELINES, VAE_STREAM, LoaderAdapter
 from reference.platform import SYSTEM
+from reference.reference_adapter import ReferenceAdapter
 
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from reference.adapter import PLANS, ReferenceAdapter
+from reference.adapter import PLANS
+from reference.reference_adapter import ReferenceAdapter
 from reference.selection import (
     DEFAULT_SOURCE,
     ENTRY_POINT_GROUP,
@@ -309,7 +310,7 @@ NOT_AN_ADAPTER = 42
 
 def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
     assert isinstance(
-        resolve_spec("reference.adapter:ReferenceAdapter", origin="x"), ReferenceAdapter
+        resolve_spec("reference.reference_adapter:ReferenceAdapter", origin="x"), ReferenceAdapter
     )
     assert resolve_spec(f"{__name__}:Named", origin="x").name == "named"
     assert resolve_spec(f"{__name__}:Named.Inner", origin="x").name == "inner"

@@ -1,0 +1,293 @@
+"""The reference loader behind the suite's seam (reference.adapter.LoaderAdapter).
+
+Each method delegates to the module that does the work, so this file reads as a map from the
+contract's capabilities to the reference's modules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference import admission, adopt, dit, load, loaders, postload, preflight
+from reference import args as args_mod
+from reference import pipeline as pipeline_mod
+from reference import plan as plan_mod
+from reference import slots as slots_mod
+from reference import vae as vae_mod
+from reference.adapter import (
+    ADMISSION,
+    CHECKPOINT_SAFETY,
+    CLI_ARGS,
+    DIRECT_DIT,
+    FP8_DEFER,
+    PIPELINES,
+    PLANS,
+    TENSOR_PARALLEL,
+    VAE_STREAM,
+    ZERO_COPY,
+    PlanLike,
+)
+from reference.adopt import LinearKinds, Verdict
+from reference.args import ServerArgsLike, own_server_args
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.errors import CheckpointError
+from reference.platform import Platform
+from reference.postload import OffloadOptions
+from reference.quantization import QuantizationSpec, requires_device_weight_processing
+from reference.report import LoadReport
+
+
+class ReferenceAdapter:
+    """The reference loader behind the seam. It declares every capability it implements."""
+
+    name = "reference"
+    capabilities: frozenset[str] = frozenset({PLANS})
+
+    # --- plans --------------------------------------------------------------------------------
+    def plan_for_component(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        needs_device_weight_postprocess: bool,
+        component_cpu_offload: bool,
+        load_full_state_dict_on_device: bool = False,
+    ) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan.for_component(
+            checkpoint_load_device=checkpoint_load_device,
+            needs_device_weight_postprocess=needs_device_weight_postprocess,
+            component_cpu_offload=component_cpu_offload,
+            load_full_state_dict_on_device=load_full_state_dict_on_device,
+        )
+
+    def default_plan(self, runtime_device: torch.device) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan.default(runtime_device)
+
+    def make_plan(
+        self,
+        *,
+        checkpoint_load_device: torch.device,
+        weight_postprocess_device: torch.device | None,
+        defer_cpu_offload: bool,
+        load_full_state_dict_on_device: bool,
+    ) -> plan_mod.WeightLoadPlan:
+        return plan_mod.WeightLoadPlan(
+            checkpoint_load_device=checkpoint_load_device,
+            weight_postprocess_device=weight_postprocess_device,
+            defer_cpu_offload=defer_cpu_offload,
+            load_full_state_dict_on_device=load_full_state_dict_on_device,
+        )
+
+    def resolve_checkpoint_load_device(
+        self,
+        runtime_device: torch.device,
+        *,
+        component_cpu_offload: bool,
+        quantization: QuantizationSpec | None,
+    ) -> torch.device:
+        return plan_mod.resolve_checkpoint_load_device(
+            runtime_device, component_cpu_offload=component_cpu_offload, quantization=quantization
+        )
+
+    def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
+        return requires_device_weight_processing(quantization)
+
+    # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP ---------------------------------
+    def zero_copy_verdict(
+        self,
+        param: torch.Tensor,
+        checkpoint_tensor: torch.Tensor,
+        target: torch.Tensor,
+        *,
+        kinds: LinearKinds,
+        direct_device: torch.device | None = None,
+    ) -> Verdict:
+        return adopt.zero_copy_verdict(
+            param, checkpoint_tensor, target, kinds=kinds, direct_device=direct_device
+        )
+
+    def load_full_state(
+        self,
+        module: nn.Module,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        component: str = "transformer",
+    ) -> LoadReport:
+        real = self._plan(plan)
+        records = adopt.load_full_state(
+            module,
+            tensors,
+            load_device=real.checkpoint_load_device,
+            kinds=kinds,
+            direct=real.load_full_state_dict_on_device,
+        )
+        return LoadReport(component=component, plan=real, records=records, events=("load",))
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        return dit.load_dit(
+            build,
+            checkpoint,
+            plan=self._plan(plan),
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+        )
+
+    def offload_for_quantization(
+        self, options: OffloadOptions, quantization: QuantizationSpec | None
+    ) -> OffloadOptions:
+        return postload.offload_for_quantization(options, quantization)
+
+    @staticmethod
+    def _plan(plan: PlanLike) -> plan_mod.WeightLoadPlan:
+        """The reference's own plan for any plan-like value (validated again: PLAN-3)."""
+        if isinstance(plan, plan_mod.WeightLoadPlan):
+            return plan
+        return plan_mod.WeightLoadPlan(
+            checkpoint_load_device=plan.checkpoint_load_device,
+            weight_postprocess_device=plan.weight_postprocess_device,
+            defer_cpu_offload=plan.defer_cpu_offload,
+            load_full_state_dict_on_device=plan.load_full_state_dict_on_device,
+        )
+
+    # --- VAE: slots, preflight, streaming ------------------------------------------------------
+    def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
+        return frozenset(slots_mod.state_slots(module, component=type(module).__name__))
+
+    def load_vae(
+        self,
+        build: Callable[[], torch.nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[torch.nn.Module, LoadReport]:
+        return vae_mod.load_vae(
+            build,
+            checkpoint,
+            device=device,
+            component=component,
+            config=config,
+            quantization=quantization,
+            decode_dtype=decode_dtype,
+            channels_last_3d=channels_last_3d,
+        )
+
+    # --- arguments and admission ---------------------------------------------------------------
+    def parse_server_args(self, argv: Sequence[str]) -> tuple[args_mod.ServerArgs, list[str]]:
+        return args_mod.parse_args(argv)
+
+    def make_server_args(
+        self,
+        *,
+        runtime_device: torch.device,
+        dit_cpu_offload: bool = False,
+        dit_layerwise_offload: bool = False,
+        component_cpu_offload: Mapping[str, Any] | None = None,
+        fsdp_inference: bool = False,
+        tp_size: int = 1,
+        quantization: QuantizationSpec | None = None,
+        direct_gpu_weight_loading: bool = False,
+        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+    ) -> args_mod.ServerArgs:
+        return args_mod.ServerArgs(
+            runtime_device=runtime_device,
+            dit_cpu_offload=dit_cpu_offload,
+            dit_layerwise_offload=dit_layerwise_offload,
+            component_cpu_offload=component_cpu_offload or {},
+            fsdp_inference=fsdp_inference,
+            tp_size=tp_size,
+            quantization=quantization,
+            direct_gpu_weight_loading=direct_gpu_weight_loading,
+            component_direct_gpu_weight_loading=component_direct_gpu_weight_loading or {},
+        )
+
+    def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:
+        pipeline = pipeline_mod.read_pipeline(pipeline_dir)
+        admission.admit(pipeline, own_server_args(args), platform=platform)
+
+    def loader_supports_direct(self, loader_kind: str, component: str) -> bool:
+        support = loaders.DIRECT_SUPPORT[loader_kind]
+        return support.covers(
+            admission.DirectRequest(component, args_mod.COMPONENT_DIRECT_FLAG)
+        ) or support.covers(admission.DirectRequest(component, args_mod.DIRECT_FLAG))
+
+    def load_pipeline_component(
+        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+    ) -> torch.nn.Module:
+        spec = pipeline_mod.read_pipeline(pipeline_dir).component(component)
+        loader = load.loader_for(component, platform=platform)
+        module: torch.nn.Module = loader.load(spec, own_server_args(args)).module
+        return module
+
+    def check_device_memory(
+        self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform
+    ) -> int:
+        return preflight.check_device_memory(
+            open_checkpoint(checkpoint), component=component, device=device, platform=platform
+        )
+
+    # --- checkpoints and bad input -------------------------------------------------------------
+    def inspect_checkpoint(
+        self, path: str | os.PathLike[str]
+    ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        checkpoint = open_checkpoint(path)
+        return {name: (info.dtype, info.shape) for name, info in checkpoint.tensors.items()}
+
+    def read_checkpoint_tensor(
+        self, path: str | os.PathLike[str], name: str, *, device: torch.device
+    ) -> torch.Tensor:
+        checkpoint = open_checkpoint(path)
+        if name not in checkpoint.tensors:
+            raise CheckpointError(
+                os.fspath(path), name, "holds no tensor of this name; check the name or the path"
+            )
+        reader = TensorReader(checkpoint)
+        try:
+            return reader.read(name, device=device)
+        finally:
+            reader.close()
+
+
+# DiT capabilities of the reference (section owner adds them here).
+_DIT_CAPABILITIES: frozenset[str] = frozenset({ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL})
+
+
+# VAE capabilities of the reference (section owner adds them here).
+_VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})
+
+# Arguments/admission capabilities of the reference (section owner adds them here).
+_ADMISSION_CAPABILITIES: frozenset[str] = frozenset({CLI_ARGS, ADMISSION, PIPELINES})
+
+# Checkpoint-safety capabilities of the reference (section owner adds them here).
+_CHECKPOINT_CAPABILITIES: frozenset[str] = frozenset({CHECKPOINT_SAFETY})
+
+ReferenceAdapter.capabilities = (
+    ReferenceAdapter.capabilities
+    | _DIT_CAPABILITIES
+    | _VAE_CAPABILITIES
+    | _ADMISSION_CAPABILITIES
+    | _CHECKPOINT_CAPABILITIES
+)
