@@ -1,0 +1,371 @@
+"""The measured loading paths of the benchmark: one function per path, one fresh process per run.
+
+    python -m reference.bench_paths PATH DIR [--mode time|memory]
+
+runs one path on the checkpoints the benchmark wrote into DIR (`shapes.json`, `dit/`, `vae/`) and
+prints one JSON line. `python -m reference bench` instead starts `python -m reference.bench_paths
+--serve`, which imports torch once and then forks a fresh child per run: every run starts from the
+same untouched process, without paying the two-second torch import each time. The runner does no
+tensor work and never touches CUDA before forking, so the children start clean.
+
+A run is either timed (no sampler thread competing with the load) or sampled for memory
+(`reference.memory.PeakSampler`); the benchmark does both and takes medians. Everything a path
+needs (imports, CUDA context, a pinned buffer) is set up before the measured region starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference.dit import load_dit
+from reference.memory import PeakSampler, resident
+from reference.plan import CPU, WeightLoadPlan
+from reference.report import LoadReport
+from reference.vae import load_vae
+
+CUDA = torch.device("cuda", 0)
+MODES = ("time", "memory")
+
+
+@dataclass
+class Loaded:
+    """What a path produced: the tensors to read back, and where its bytes went."""
+
+    tensors: list[torch.Tensor]
+    adopted: int = 0
+    copied: int = 0
+    streamed: int = 0
+    keep: list[object] = field(default_factory=list)  # alive until the run ends
+
+    @property
+    def host_anon_bytes(self) -> int:
+        """Bytes of the loaded state held in this process's private memory (not adopted)."""
+        return sum(t.nbytes for t in self.tensors if t.device.type == "cpu") - self.adopted
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: which path, on which benchmark folder, timed or sampled."""
+
+    path: str
+    folder: Path
+    mode: str = "time"
+
+    def shapes(self) -> Any:
+        from fakes.bench import BenchShapes
+
+        return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
+
+    def checkpoint(self, model: str) -> Path:
+        return self.folder / model / "model.safetensors"
+
+
+def module_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer (persistent or not), each storage view once."""
+    seen: dict[tuple[int, int], torch.Tensor] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        seen.setdefault((tensor.data_ptr(), tensor.nbytes), tensor)
+    return list(seen.values())
+
+
+def from_report(module: nn.Module, report: LoadReport) -> Loaded:
+    return Loaded(
+        module_tensors(module),
+        adopted=report.adopted[1],
+        copied=report.copied[1],
+        streamed=report.streamed[1],
+        keep=[module],
+    )
+
+
+def read_all(tensors: list[torch.Tensor]) -> int:
+    """Read every byte of every tensor once (a max over its bytes); returns a checksum."""
+    total = 0
+    for tensor in tensors:
+        if tensor.numel():
+            total += int(tensor.detach().reshape(-1).view(torch.uint8).amax())
+    return total
+
+
+def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
+    from fakes.layers import LINEAR_KINDS
+
+    direct = device.type != "cpu"
+    plan = (
+        WeightLoadPlan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
+        if direct
+        else WeightLoadPlan.for_component(
+            checkpoint_load_device=CPU,
+            needs_device_weight_postprocess=False,
+            component_cpu_offload=True,
+        )
+    )
+    module, report = load_dit(
+        job.shapes().dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
+    )
+    return from_report(module, report)
+
+
+def vae_stream(job: Job, *, device: torch.device) -> Loaded:
+    module, report = load_vae(job.shapes().vae, job.checkpoint("vae"), device=device)
+    return from_report(module, report)
+
+
+def full_state(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a file read into private memory: the "full CPU state dict".
+
+    safetensors >= 0.8 `load_file` returns views of a memory map by default; its "pread"
+    backend reads the bytes instead, as earlier versions always did.
+    """
+    from safetensors.torch import load_file
+
+    if "backend" in inspect.signature(load_file).parameters:
+        return load_file(path, backend="pread")
+    return load_file(path)  # pragma: no cover - safetensors < 0.8 reads into memory anyway
+
+
+def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -> Loaded:
+    """A state dict from safetensors, then `load_state_dict` (`assign` on a meta-built module).
+
+    `full` reads the whole state into private memory first (`full_state`); otherwise the state
+    dict is what `safetensors.torch.load_file` returns by default. The module is built without
+    initialisation (on meta, then `to_empty` unless `assign`), so only loading is timed.
+    """
+    from safetensors.torch import load_file
+
+    with torch.device("meta"):
+        module = getattr(job.shapes(), model)()
+    if not assign:
+        module = module.to_empty(device=CPU)
+    path = job.checkpoint(model)
+    state = full_state(path) if full else load_file(path)
+    module.load_state_dict(state, assign=assign)
+    del state
+    loaded = Loaded(module_tensors(module), keep=[module])
+    loaded.copied = sum(t.nbytes for t in loaded.tensors)
+    return loaded
+
+
+def readinto(job: Job) -> Loaded:
+    """The machine's limit: one read of the DiT checkpoint file into a fresh buffer."""
+    path = job.checkpoint("dit")
+    size = path.stat().st_size
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = memoryview((ctypes.c_char * size).from_address(buffer.data_ptr())).cast("B")
+    done = 0
+    with path.open("rb", buffering=0) as f:
+        while done < size:  # one read() returns at most about 2 GiB
+            done += f.readinto(view[done:]) or 0
+    return Loaded([buffer], copied=size)
+
+
+def pinned_host(job: Job) -> torch.Tensor:
+    path = job.checkpoint("dit")
+    pinned = torch.empty(path.stat().st_size, dtype=torch.uint8, pin_memory=True)
+    view = memoryview((ctypes.c_char * pinned.nbytes).from_address(pinned.data_ptr())).cast("B")
+    with path.open("rb", buffering=0) as f:
+        f.readinto(view)
+    return pinned
+
+
+def pinned_h2d(job: Job, pinned: torch.Tensor) -> Loaded:
+    """The machine's host-to-device limit: one copy of the same bytes from pinned memory."""
+    device = torch.empty(pinned.nbytes, dtype=torch.uint8, device=CUDA)
+    device.copy_(pinned, non_blocking=True)
+    return Loaded([device], copied=pinned.nbytes)
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    """A measured path: its load, whether it needs CUDA, and its untimed setup."""
+
+    load: Callable[[Job, Any], Loaded]
+    model: str = "dit"  # whose checkpoint it reads: "dit" or "vae"
+    cuda: bool = False
+    setup: Callable[[Job], Any] = lambda job: None
+    about: str = ""
+
+
+PATHS: dict[str, PathSpec] = {
+    "dit_zero_copy": PathSpec(
+        lambda job, _: dit(job, device=CPU), about="reference DiT, CPU offload (zero-copy)"
+    ),
+    "dit_copy": PathSpec(
+        lambda job, _: dit(job, device=CPU, adopt=False),
+        about="reference DiT, copy path (adoption disabled)",
+    ),
+    "dit_direct": PathSpec(
+        lambda job, _: dit(job, device=CUDA), cuda=True, about="reference DiT, direct to CUDA"
+    ),
+    "vae_stream": PathSpec(
+        lambda job, _: vae_stream(job, device=CPU),
+        model="vae",
+        about="reference VAE streaming to CPU",
+    ),
+    "vae_stream_cuda": PathSpec(
+        lambda job, _: vae_stream(job, device=CUDA),
+        model="vae",
+        cuda=True,
+        about="reference VAE streaming to CUDA",
+    ),
+    "vae_ordinary": PathSpec(
+        lambda job, _: state_dict_load(job, "vae", assign=False, full=True),
+        model="vae",
+        about="VAE the ordinary way: full CPU state dict (pread), then load_state_dict",
+    ),
+    "load_file": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=False),
+        about="DiT baseline: load_file + load_state_dict",
+    ),
+    "load_file_assign": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=True),
+        about="DiT baseline: load_file + load_state_dict(assign=True) on meta",
+    ),
+    "readinto": PathSpec(lambda job, _: readinto(job), about="limit: one readinto, fresh buffer"),
+    "pinned_h2d": PathSpec(
+        pinned_h2d, cuda=True, setup=pinned_host, about="limit: pinned host-to-device copy"
+    ),
+}
+
+
+def synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def run(job: Job) -> dict[str, Any]:
+    """Measure one path once in this process; the result's fields are documented in bench.py."""
+    spec = PATHS[job.path]
+    if spec.cuda:
+        torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
+        torch.cuda.reset_peak_memory_stats(CUDA)
+    torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
+    state = spec.setup(job)
+    device_start = torch.cuda.memory_allocated(CUDA) if spec.cuda else 0
+    result: dict[str, Any] = {"path": job.path, "mode": job.mode}
+    start = resident()
+    if job.mode == "memory":
+        with PeakSampler() as during_load:
+            loaded = spec.load(job, state)
+            synchronize(spec.cuda)
+        end = resident()
+        with PeakSampler() as during_read:
+            read_all(loaded.tensors)
+            synchronize(spec.cuda)
+        result |= {
+            "anon_peak": during_load.peak.anon - start.anon,
+            "file_peak": during_load.peak.file - start.file,
+            "anon_end": end.anon - start.anon,
+            "file_end": end.file - start.file,
+            "anon_peak_read": max(during_load.peak.anon, during_read.peak.anon) - start.anon,
+            "file_peak_read": max(during_load.peak.file, during_read.peak.file) - start.file,
+        }
+        if spec.cuda:
+            result["device_peak"] = torch.cuda.max_memory_allocated(CUDA) - device_start
+    else:
+        cpu, began = time.process_time(), time.perf_counter()
+        loaded = spec.load(job, state)
+        synchronize(spec.cuda)
+        loaded_at, cpu_used = time.perf_counter(), time.process_time() - cpu
+        read_all(loaded.tensors)
+        synchronize(spec.cuda)
+        result |= {
+            "load_s": loaded_at - began,
+            "load_read_s": time.perf_counter() - began,
+            "load_cpu_s": cpu_used,
+        }
+    result |= {
+        "adopted": loaded.adopted,
+        "copied": loaded.copied,
+        "streamed": loaded.streamed,
+        "host_anon_bytes": loaded.host_anon_bytes,
+    }
+    return result
+
+
+def preload() -> None:
+    """Import everything a path imports lazily, so no child pays for (or grows by) an import.
+
+    Building the models on meta and `to_empty` import torch's Python references for meta
+    tensors (sympy, parts of dynamo): seconds and tens of MiB, once per process. A tiny build
+    here does that before any fork; it allocates a few KiB and runs no CPU kernel.
+    """
+    import safetensors.torch  # noqa: F401
+
+    from fakes.bench import BenchShapes
+
+    tiny = BenchShapes.for_bytes(1 << 20)
+    with torch.device("meta"):
+        models: list[nn.Module] = [tiny.dit(), tiny.vae()]
+    for model in models:
+        model.to_empty(device=CPU)
+
+
+def forked(job: Job) -> dict[str, Any]:
+    """Run `job` in a forked child of this (torch-imported, otherwise untouched) process."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its coverage is not collected
+        os.close(read_end)
+        try:
+            line = json.dumps(run(job))
+        except BaseException:
+            line = json.dumps({"path": job.path, "error": traceback.format_exc()})
+        os.write(write_end, line.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return {"path": job.path, "error": f"the run died (wait status {status})"}
+    result: dict[str, Any] = json.loads(data)
+    return result
+
+
+def warm(path: Path, buffer: bytearray) -> None:
+    """Read a file once through the page cache, so every run finds it warm."""
+    with path.open("rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+
+
+def serve() -> int:
+    """Read one JSON job per stdin line ({"path", "folder", "mode"}); answer one JSON line each."""
+    preload()
+    buffer = bytearray(16 << 20)
+    for line in sys.stdin:
+        request = json.loads(line)
+        job = Job(request["path"], Path(request["folder"]), request["mode"])
+        for model in ("dit", "vae"):
+            warm(job.checkpoint(model), buffer)
+        print(json.dumps(forked(job)), flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return serve()
+    if len(argv) not in (2, 4) or (len(argv) == 4 and argv[2] != "--mode"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    job = Job(argv[0], Path(argv[1]), argv[3] if len(argv) == 4 else "time")
+    print(json.dumps(run(job)))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
