@@ -40,7 +40,9 @@ from reference.platform import SYSTEM, Platform, describe
 
 MIB = 1024 * 1024
 DEFAULT_SIZE_MIB = 512
-DEFAULT_REPS = 3
+DEFAULT_REPS = 5
+# Each run first loads checkpoints of this size through its path, unmeasured (bench_paths).
+WARMUP_MIB = 1
 Runner = Callable[[dict[str, str]], dict[str, Any]]
 
 
@@ -206,7 +208,13 @@ class ServerRunner:
 
 
 def measure_size(
-    folder: Path, facts: dict[str, Any], *, reps: int, runner: Runner, no_cuda: str | None
+    folder: Path,
+    facts: dict[str, Any],
+    *,
+    reps: int,
+    runner: Runner,
+    no_cuda: str | None,
+    warmup: Path,
 ) -> dict[str, Any]:
     """Run every path `reps` times in each mode (repetition-major, so noise spreads evenly)."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
@@ -215,7 +223,8 @@ def measure_size(
             if spec.cuda and no_cuda is not None:
                 continue
             for mode in ("time", "memory"):
-                result = runner({"path": name, "folder": str(folder), "mode": mode})
+                job = {"path": name, "folder": str(folder), "mode": mode, "warmup": str(warmup)}
+                result = runner(job)
                 if "error" in result:
                     raise RuntimeError(f"bench path {name} ({mode}) failed:\n{result['error']}")
                 runs[name].append(result)
@@ -266,6 +275,8 @@ def run_bench(
     results = []
     try:
         with tempfile.TemporaryDirectory(prefix="reference-bench-") as tmp:
+            warmup = Path(tmp) / "warmup"
+            write_folder(warmup, WARMUP_MIB)
             for size_mib in sizes:
                 folder = Path(tmp) / f"{size_mib}mib"
                 log(f"writing {size_mib} MiB DiT and VAE checkpoints into {folder}")
@@ -273,7 +284,11 @@ def run_bench(
                 log(f"measuring {size_mib} MiB: {reps} repetitions of each path, timed and sampled")
                 run = runner or server
                 assert run is not None
-                results.append(measure_size(folder, facts, reps=reps, runner=run, no_cuda=no_cuda))
+                results.append(
+                    measure_size(
+                        folder, facts, reps=reps, runner=run, no_cuda=no_cuda, warmup=warmup
+                    )
+                )
     finally:
         if server is not None:
             server.close()
@@ -306,7 +321,7 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
         "--size-mib", type=int, default=DEFAULT_SIZE_MIB, help="checkpoint size (default 512)"
     )
     parser.add_argument("--sizes", type=parse_sizes, help="several sizes in MiB: 64,256,1024")
-    parser.add_argument("--reps", type=int, default=DEFAULT_REPS, help="repetitions (default 3)")
+    parser.add_argument("--reps", type=int, default=DEFAULT_REPS, help="repetitions (default 5)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG (needs matplotlib)")
     args = parser.parse_args(argv)

@@ -1,21 +1,28 @@
 """The measured loading paths of the benchmark: one function per path, one fresh process per run.
 
-    python -m reference.bench_paths PATH DIR [--mode time|memory]
+    python -m reference.bench_paths PATH DIR [--mode time|memory] [--warmup SMALL_DIR]
 
 runs one path on the checkpoints the benchmark wrote into DIR (`shapes.json`, `dit/`, `vae/`) and
-prints one JSON line. `python -m reference bench` instead starts `python -m reference.bench_paths
---serve`, which imports torch once and then forks a fresh child per run: every run starts from the
-same untouched process, without paying the two-second torch import each time. The runner does no
-tensor work and never touches CUDA before forking, so the children start clean.
+prints one JSON line. With `--warmup`, the path first loads the (small) checkpoints in SMALL_DIR,
+unmeasured, so the one-off costs of a process's first load (first calls, lazy caches, the
+copy-on-write faults of a forked child) are not charged to the measured load: they are a fixed
+few milliseconds, not a cost per byte.
+
+`python -m reference bench` starts `python -m reference.bench_paths --serve` instead, which
+imports torch once and then forks a fresh child per run: every run starts from the same untouched
+process, without paying the two-second torch import each time. The runner does no tensor work
+and never touches CUDA before forking, so the children start clean.
 
 A run is either timed (no sampler thread competing with the load) or sampled for memory
 (`reference.memory.PeakSampler`); the benchmark does both and takes medians. Everything a path
-needs (imports, CUDA context, a pinned buffer) is set up before the measured region starts.
+needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import functools
 import inspect
 import json
 import os
@@ -23,7 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +49,20 @@ MODES = ("time", "memory")
 
 @dataclass
 class Loaded:
-    """What a path produced: the tensors to read back, and where its bytes went."""
+    """What a path produced, and where its bytes went (None: every byte was copied).
 
-    tensors: list[torch.Tensor]
+    Only the load itself is timed; the tensors are listed and counted after the clock stops.
+    """
+
+    result: nn.Module | torch.Tensor
     adopted: int = 0
-    copied: int = 0
+    copied: int | None = None
     streamed: int = 0
-    keep: list[object] = field(default_factory=list)  # alive until the run ends
 
-    @property
-    def host_anon_bytes(self) -> int:
-        """Bytes of the loaded state held in this process's private memory (not adopted)."""
-        return sum(t.nbytes for t in self.tensors if t.device.type == "cpu") - self.adopted
+    def tensors(self) -> list[torch.Tensor]:
+        if isinstance(self.result, torch.Tensor):
+            return [self.result]
+        return module_tensors(self.result)
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,11 @@ class Job:
     path: str
     folder: Path
     mode: str = "time"
+    warmup: Path | None = None
 
+    @functools.cached_property
     def shapes(self) -> Any:
+        """The models' constructor arguments (`fakes.bench.BenchShapes`), read once."""
         from fakes.bench import BenchShapes
 
         return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
@@ -83,11 +95,10 @@ def module_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def from_report(module: nn.Module, report: LoadReport) -> Loaded:
     return Loaded(
-        module_tensors(module),
+        module,
         adopted=report.adopted[1],
         copied=report.copied[1],
         streamed=report.streamed[1],
-        keep=[module],
     )
 
 
@@ -114,13 +125,13 @@ def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
         )
     )
     module, report = load_dit(
-        job.shapes().dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
+        job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
     )
     return from_report(module, report)
 
 
 def vae_stream(job: Job, *, device: torch.device) -> Loaded:
-    module, report = load_vae(job.shapes().vae, job.checkpoint("vae"), device=device)
+    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device)
     return from_report(module, report)
 
 
@@ -147,16 +158,14 @@ def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -
     from safetensors.torch import load_file
 
     with torch.device("meta"):
-        module = getattr(job.shapes(), model)()
+        module = getattr(job.shapes, model)()
     if not assign:
         module = module.to_empty(device=CPU)
     path = job.checkpoint(model)
     state = full_state(path) if full else load_file(path)
     module.load_state_dict(state, assign=assign)
     del state
-    loaded = Loaded(module_tensors(module), keep=[module])
-    loaded.copied = sum(t.nbytes for t in loaded.tensors)
-    return loaded
+    return Loaded(module)
 
 
 def readinto(job: Job) -> Loaded:
@@ -169,7 +178,7 @@ def readinto(job: Job) -> Loaded:
     with path.open("rb", buffering=0) as f:
         while done < size:  # one read() returns at most about 2 GiB
             done += f.readinto(view[done:]) or 0
-    return Loaded([buffer], copied=size)
+    return Loaded(buffer)
 
 
 def pinned_host(job: Job) -> torch.Tensor:
@@ -185,7 +194,7 @@ def pinned_h2d(job: Job, pinned: torch.Tensor) -> Loaded:
     """The machine's host-to-device limit: one copy of the same bytes from pinned memory."""
     device = torch.empty(pinned.nbytes, dtype=torch.uint8, device=CUDA)
     device.copy_(pinned, non_blocking=True)
-    return Loaded([device], copied=pinned.nbytes)
+    return Loaded(device)
 
 
 @dataclass(frozen=True)
@@ -253,6 +262,11 @@ def run(job: Job) -> dict[str, Any]:
         torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
         torch.cuda.reset_peak_memory_stats(CUDA)
     torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
+    if job.warmup is not None:
+        small = Job(job.path, job.warmup)
+        spec.load(small, spec.setup(small)).tensors()
+        synchronize(spec.cuda)
+    job.shapes  # noqa: B018 - read the shapes before the clock
     state = spec.setup(job)
     device_start = torch.cuda.memory_allocated(CUDA) if spec.cuda else 0
     result: dict[str, Any] = {"path": job.path, "mode": job.mode}
@@ -262,8 +276,9 @@ def run(job: Job) -> dict[str, Any]:
             loaded = spec.load(job, state)
             synchronize(spec.cuda)
         end = resident()
+        tensors = loaded.tensors()
         with PeakSampler() as during_read:
-            read_all(loaded.tensors)
+            read_all(tensors)
             synchronize(spec.cuda)
         result |= {
             "anon_peak": during_load.peak.anon - start.anon,
@@ -280,18 +295,23 @@ def run(job: Job) -> dict[str, Any]:
         loaded = spec.load(job, state)
         synchronize(spec.cuda)
         loaded_at, cpu_used = time.perf_counter(), time.process_time() - cpu
-        read_all(loaded.tensors)
+        tensors = loaded.tensors()
+        read_began = time.perf_counter()
+        read_all(tensors)
         synchronize(spec.cuda)
         result |= {
             "load_s": loaded_at - began,
-            "load_read_s": time.perf_counter() - began,
+            "load_read_s": loaded_at - began + time.perf_counter() - read_began,
             "load_cpu_s": cpu_used,
         }
+    total = sum(t.nbytes for t in tensors)
+    host = sum(t.nbytes for t in tensors if t.device.type == "cpu")
     result |= {
         "adopted": loaded.adopted,
-        "copied": loaded.copied,
+        "copied": total if loaded.copied is None else loaded.copied,
         "streamed": loaded.streamed,
-        "host_anon_bytes": loaded.host_anon_bytes,
+        # the loaded state held in this process's private memory (adopted bytes are the file's)
+        "host_anon_bytes": host - loaded.adopted,
     }
     return result
 
@@ -344,12 +364,14 @@ def warm(path: Path, buffer: bytearray) -> None:
 
 
 def serve() -> int:
-    """Read one JSON job per stdin line ({"path", "folder", "mode"}); answer one JSON line each."""
+    """Answer each stdin line {"path", "folder", "mode", "warmup"} with one JSON line."""
     preload()
     buffer = bytearray(16 << 20)
     for line in sys.stdin:
         request = json.loads(line)
+        warmup = request.get("warmup")
         job = Job(request["path"], Path(request["folder"]), request["mode"])
+        job = Job(job.path, job.folder, job.mode, Path(warmup) if warmup else None)
         for model in ("dit", "vae"):
             warm(job.checkpoint(model), buffer)
         print(json.dumps(forked(job)), flush=True)
@@ -359,11 +381,13 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     if argv == ["--serve"]:
         return serve()
-    if len(argv) not in (2, 4) or (len(argv) == 4 and argv[2] != "--mode"):
-        print(__doc__, file=sys.stderr)
-        return 2
-    job = Job(argv[0], Path(argv[1]), argv[3] if len(argv) == 4 else "time")
-    print(json.dumps(run(job)))
+    parser = argparse.ArgumentParser(prog="python -m reference.bench_paths", usage=__doc__)
+    parser.add_argument("path", choices=sorted(PATHS))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--mode", choices=MODES, default="time")
+    parser.add_argument("--warmup", type=Path)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(Job(args.path, args.folder, args.mode, args.warmup))))
     return 0
 
 

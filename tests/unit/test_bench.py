@@ -144,9 +144,12 @@ def test_zero_copy_adopts_and_the_copy_path_copies(folder: tuple[Path, dict[str,
 def test_paths_command_line(
     folder: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert bench_paths.main(["readinto", str(folder[0])]) == 0
-    assert json.loads(capsys.readouterr().out)["path"] == "readinto"
-    assert bench_paths.main(["readinto"]) == 2
+    where = str(folder[0])
+    assert bench_paths.main(["dit_zero_copy", where, "--mode", "memory", "--warmup", where]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["path"], result["mode"]) == ("dit_zero_copy", "memory")
+    with pytest.raises(SystemExit):
+        bench_paths.main(["no_such_path", where])
 
 
 # --- ratios, tables, the command ----------------------------------------------------------------
