@@ -1,13 +1,14 @@
 """`python -m reference bench`: peak memory and time of every loading path, side by side.
 
-    python -m reference bench [--size-mib N] [--sizes 64,256,...] [--reps R] [--json PATH]
-                              [--plot PATH]
+    python -m reference bench [--size-mib N] [--sizes 64,256,...] [--reps R] [--threads T]
+                              [--json PATH] [--plot PATH]
 
 For each size, a DiT and a VAE checkpoint of about N MiB are written into a temporary folder
 (outside every measured run). Each path of `reference.bench_paths.PATHS` then runs R times timed
 and R times sampled for memory, each run in a fresh process, on a warm page cache; the figures
 are medians. The ratios the project's performance claims rest on are computed from them and
-checked against their targets (`RATIOS`). Linux only: memory is read from /proc/self/status.
+checked against their targets (`reference.bench_ratios.RATIOS`). Linux only: memory is read
+from /proc/self/status.
 
 Figures per path (bytes are growth over the process's state before the load):
     load_s, load_read_s: wall time of the load, and of the load plus one read of every weight
@@ -30,123 +31,21 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from reference.bench_paths import PATHS
+from reference.bench_ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
 from reference.platform import SYSTEM, Platform, describe
 
 MIB = 1024 * 1024
 DEFAULT_SIZE_MIB = 512
 DEFAULT_REPS = 5
-# Each run first loads checkpoints of this size through its path, unmeasured (bench_paths).
+# Each run first loads checkpoints of this size through its path, unmeasured (see bench_paths).
 WARMUP_MIB = 1
-Runner = Callable[[dict[str, str]], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A named ratio, its target, and how it is read off the figures."""
-
-    name: str
-    op: str  # "<=", ">=", or "" for a figure shown without a target
-    target: Callable[[Mapping[str, Any]], float] | None
-    value: Callable[[Mapping[str, Any]], float]
-    needs: tuple[str, ...]
-
-
-def _fig(size: Mapping[str, Any], path: str, key: str) -> float:
-    return float(size["paths"][path][key])
-
-
-def _rate(size: Mapping[str, Any], path: str) -> float:
-    return float(size["paths"][path]["bytes"]) / _fig(size, path, "load_s")
-
-
-def _overhead(size: Mapping[str, Any], path: str) -> float:
-    extra = _fig(size, path, "anon_peak") - _fig(size, path, "host_anon_bytes")
-    return extra / float(size["vae"]["largest_tensor_bytes"])
-
-
-RATIOS = (
-    Ratio(
-        "zero_copy_anon_over_checkpoint",
-        "<=",
-        lambda s: 0.02,
-        lambda s: _fig(s, "dit_zero_copy", "anon_peak") / s["dit"]["bytes"],
-        ("dit_zero_copy",),
-    ),
-    Ratio(
-        "zero_copy_time_over_copy_time",
-        "<=",
-        lambda s: 0.05,
-        lambda s: _fig(s, "dit_zero_copy", "load_s") / _fig(s, "dit_copy", "load_s"),
-        ("dit_zero_copy", "dit_copy"),
-    ),
-    Ratio(
-        "copy_throughput_over_readinto",
-        ">=",
-        lambda s: 0.9,
-        lambda s: _rate(s, "dit_copy") / _rate(s, "readinto"),
-        ("dit_copy", "readinto"),
-    ),
-    Ratio(
-        "vae_stream_overhead_over_largest_tensor",
-        "<=",
-        lambda s: 1.5,
-        lambda s: _overhead(s, "vae_stream"),
-        ("vae_stream",),
-    ),
-    Ratio(
-        "vae_ordinary_overhead_over_largest_tensor",
-        "",
-        None,
-        lambda s: _overhead(s, "vae_ordinary"),
-        ("vae_ordinary",),
-    ),
-    Ratio(
-        "direct_dit_peak_device_over_model",
-        "<=",
-        lambda s: 1.0 + s["dit"]["largest_tensor_bytes"] / s["dit"]["bytes"],
-        lambda s: _fig(s, "dit_direct", "device_peak") / s["dit"]["bytes"],
-        ("dit_direct",),
-    ),
-    Ratio(
-        "h2d_throughput_over_pinned_copy",
-        ">=",
-        lambda s: 0.7,
-        lambda s: _rate(s, "dit_direct") / _rate(s, "pinned_h2d"),
-        ("dit_direct", "pinned_h2d"),
-    ),
-)
-
-
-def compute_ratios(size: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each ratio's value, target and verdict ("pass", "miss", "info" or "skipped")."""
-    out: dict[str, dict[str, Any]] = {}
-    for ratio in RATIOS:
-        missing = [p for p in ratio.needs if "skipped" in size["paths"][p]]
-        if missing:
-            reason = size["paths"][missing[0]]["skipped"]
-            out[ratio.name] = {"value": None, "target": None, "op": ratio.op, "pass": None}
-            out[ratio.name] |= {"status": "skipped", "reason": f"{missing[0]}: {reason}"}
-            continue
-        value = ratio.value(size)
-        target = ratio.target(size) if ratio.target else None
-        passed = None
-        if target is not None:
-            passed = value <= target if ratio.op == "<=" else value >= target
-        status = "info" if passed is None else ("pass" if passed else "miss")
-        out[ratio.name] = {
-            "value": value,
-            "target": target,
-            "op": ratio.op,
-            "pass": passed,
-            "status": status,
-        }
-    return out
+Runner = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def checkpoint_facts(path: Path) -> dict[str, int]:
@@ -175,7 +74,7 @@ def median_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 class ServerRunner:
-    """One `python -m reference.bench_paths --serve` process; each job runs in a fresh fork."""
+    """One `python -m reference.bench_runner --serve` process; each job runs in a fresh fork."""
 
     def __init__(self) -> None:
         root = Path(__file__).resolve().parent.parent
@@ -183,14 +82,14 @@ class ServerRunner:
             os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "reference.bench_paths", "--serve"],
+            [sys.executable, "-m", "reference.bench_runner", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
 
-    def __call__(self, job: dict[str, str]) -> dict[str, Any]:
+    def __call__(self, job: dict[str, Any]) -> dict[str, Any]:
         assert self.process.stdin is not None
         assert self.process.stdout is not None
         self.process.stdin.write(json.dumps(job) + "\n")
@@ -215,6 +114,7 @@ def measure_size(
     runner: Runner,
     no_cuda: str | None,
     warmup: Path,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Run every path `reps` times in each mode (repetition-major, so noise spreads evenly)."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
@@ -223,7 +123,8 @@ def measure_size(
             if spec.cuda and no_cuda is not None:
                 continue
             for mode in ("time", "memory"):
-                job = {"path": name, "folder": str(folder), "mode": mode, "warmup": str(warmup)}
+                job: dict[str, Any] = {"path": name, "folder": str(folder), "mode": mode}
+                job |= {"warmup": str(warmup), "threads": threads}
                 result = runner(job)
                 if "error" in result:
                     raise RuntimeError(f"bench path {name} ({mode}) failed:\n{result['error']}")
@@ -242,13 +143,13 @@ def measure_size(
     return size
 
 
-def machine(platform: Platform) -> dict[str, Any]:
+def machine(platform: Platform, threads: int | None) -> dict[str, Any]:
     import torch
 
     return {
         "platform": describe(platform),
         "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads or torch.get_num_threads(),
         "kernel": os.uname().release,
         "load_average": list(os.getloadavg()),
     }
@@ -259,6 +160,7 @@ def run_bench(
     *,
     reps: int,
     command: str,
+    threads: int | None = None,
     platform: Platform = SYSTEM,
     runner: Runner | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
@@ -269,7 +171,7 @@ def run_bench(
         "schema": "reference-bench/1",
         "command": command,
         "repetitions": reps,
-        "machine": machine(platform),
+        "machine": machine(platform, threads),
     }
     server = ServerRunner() if runner is None else None
     results = []
@@ -286,7 +188,13 @@ def run_bench(
                 assert run is not None
                 results.append(
                     measure_size(
-                        folder, facts, reps=reps, runner=run, no_cuda=no_cuda, warmup=warmup
+                        folder,
+                        facts,
+                        reps=reps,
+                        runner=run,
+                        no_cuda=no_cuda,
+                        warmup=warmup,
+                        threads=threads,
                     )
                 )
     finally:
@@ -315,13 +223,17 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
     from reference.bench_report import format_document, plot_available, write_plot
 
     parser = argparse.ArgumentParser(
-        prog="python -m reference bench", description=__doc__.split("\n")[0]
+        prog="python -m reference bench",
+        description="Peak memory and time of every loading path, side by side.",
     )
     parser.add_argument(
         "--size-mib", type=int, default=DEFAULT_SIZE_MIB, help="checkpoint size (default 512)"
     )
     parser.add_argument("--sizes", type=parse_sizes, help="several sizes in MiB: 64,256,1024")
     parser.add_argument("--reps", type=int, default=DEFAULT_REPS, help="repetitions (default 5)")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads in the runs (default: torch's own)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -335,11 +247,13 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.size_mib < 1 or args.reps < 1:
-        parser.error("--size-mib and --reps must be at least 1")
+    if min(args.size_mib, args.reps, args.threads or 1) < 1:
+        parser.error("--size-mib, --reps and --threads must be at least 1")
     sizes = args.sizes or (args.size_mib,)
     command = shlex.join(["python", "-m", "reference", "bench", *argv])
-    document = run_bench(sizes, reps=args.reps, command=command, platform=platform)
+    document = run_bench(
+        sizes, reps=args.reps, command=command, threads=args.threads, platform=platform
+    )
     print(format_document(document))
     if args.json:
         args.json.write_text(json.dumps(document, indent=2) + "\n")

@@ -1,34 +1,24 @@
-"""The measured loading paths of the benchmark: one function per path, one fresh process per run.
+"""The measured loading paths of the benchmark: one function per path, and one measured run.
 
-    python -m reference.bench_paths PATH DIR [--mode time|memory] [--warmup SMALL_DIR]
+`run(job)` measures one path once in the calling process: either timed (no sampler thread
+competing with the load) or sampled for memory (`reference.memory.PeakSampler`). Everything a path
+needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region,
+and the loaded tensors are listed and counted after it. `reference.bench_runner` runs each job in
+a fresh process; `reference.bench` orchestrates the runs and takes medians.
 
-runs one path on the checkpoints the benchmark wrote into DIR (`shapes.json`, `dit/`, `vae/`) and
-prints one JSON line. With `--warmup`, the path first loads the (small) checkpoints in SMALL_DIR,
-unmeasured, so the one-off costs of a process's first load (first calls, lazy caches, the
-copy-on-write faults of a forked child) are not charged to the measured load: they are a fixed
-few milliseconds, not a cost per byte.
-
-`python -m reference bench` starts `python -m reference.bench_paths --serve` instead, which
-imports torch once and then forks a fresh child per run: every run starts from the same untouched
-process, without paying the two-second torch import each time. The runner does no tensor work
-and never touches CUDA before forking, so the children start clean.
-
-A run is either timed (no sampler thread competing with the load) or sampled for memory
-(`reference.memory.PeakSampler`); the benchmark does both and takes medians. Everything a path
-needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region.
+With a warm-up folder, the path first loads those (small) checkpoints, unmeasured, so the one-off
+costs of a process's first load (first calls, lazy caches, the copy-on-write faults of a forked
+child) are not charged to the measured load: they are a fixed few milliseconds, not a cost per
+byte.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import functools
 import inspect
 import json
-import os
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +63,7 @@ class Job:
     folder: Path
     mode: str = "time"
     warmup: Path | None = None
+    threads: int | None = None  # torch's intra-op threads for the run; None keeps torch's default
 
     @functools.cached_property
     def shapes(self) -> Any:
@@ -103,12 +94,19 @@ def from_report(module: nn.Module, report: LoadReport) -> Loaded:
 
 
 def read_all(tensors: list[torch.Tensor]) -> int:
-    """Read every byte of every tensor once (a max over its bytes); returns a checksum."""
-    total = 0
-    for tensor in tensors:
-        if tensor.numel():
-            total += int(tensor.detach().reshape(-1).view(torch.uint8).amax())
-    return total
+    """Read every byte of every tensor once (a max over its bytes); returns a checksum.
+
+    On one CPU thread: the read is memory-bound, and on a busy machine a thread pool adds
+    milliseconds of waiting per tensor, which would be charged to many-tensor models.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return sum(
+            int(t.detach().reshape(-1).view(torch.uint8).amax()) for t in tensors if t.numel()
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
@@ -261,6 +259,8 @@ def run(job: Job) -> dict[str, Any]:
     if spec.cuda:
         torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
         torch.cuda.reset_peak_memory_stats(CUDA)
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)
     torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
     if job.warmup is not None:
         small = Job(job.path, job.warmup)
@@ -314,82 +314,3 @@ def run(job: Job) -> dict[str, Any]:
         "host_anon_bytes": host - loaded.adopted,
     }
     return result
-
-
-def preload() -> None:
-    """Import everything a path imports lazily, so no child pays for (or grows by) an import.
-
-    Building the models on meta and `to_empty` import torch's Python references for meta
-    tensors (sympy, parts of dynamo): seconds and tens of MiB, once per process. A tiny build
-    here does that before any fork; it allocates a few KiB and runs no CPU kernel.
-    """
-    import safetensors.torch  # noqa: F401
-
-    from fakes.bench import BenchShapes
-
-    tiny = BenchShapes.for_bytes(1 << 20)
-    with torch.device("meta"):
-        models: list[nn.Module] = [tiny.dit(), tiny.vae()]
-    for model in models:
-        model.to_empty(device=CPU)
-
-
-def forked(job: Job) -> dict[str, Any]:
-    """Run `job` in a forked child of this (torch-imported, otherwise untouched) process."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child; its coverage is not collected
-        os.close(read_end)
-        try:
-            line = json.dumps(run(job))
-        except BaseException:
-            line = json.dumps({"path": job.path, "error": traceback.format_exc()})
-        os.write(write_end, line.encode())
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        return {"path": job.path, "error": f"the run died (wait status {status})"}
-    result: dict[str, Any] = json.loads(data)
-    return result
-
-
-def warm(path: Path, buffer: bytearray) -> None:
-    """Read a file once through the page cache, so every run finds it warm."""
-    with path.open("rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
-
-
-def serve() -> int:
-    """Answer each stdin line {"path", "folder", "mode", "warmup"} with one JSON line."""
-    preload()
-    buffer = bytearray(16 << 20)
-    for line in sys.stdin:
-        request = json.loads(line)
-        warmup = request.get("warmup")
-        job = Job(request["path"], Path(request["folder"]), request["mode"])
-        job = Job(job.path, job.folder, job.mode, Path(warmup) if warmup else None)
-        for model in ("dit", "vae"):
-            warm(job.checkpoint(model), buffer)
-        print(json.dumps(forked(job)), flush=True)
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["--serve"]:
-        return serve()
-    parser = argparse.ArgumentParser(prog="python -m reference.bench_paths", usage=__doc__)
-    parser.add_argument("path", choices=sorted(PATHS))
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--mode", choices=MODES, default="time")
-    parser.add_argument("--warmup", type=Path)
-    args = parser.parse_args(argv)
-    print(json.dumps(run(Job(args.path, args.folder, args.mode, args.warmup))))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(sys.argv[1:]))

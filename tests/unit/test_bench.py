@@ -17,10 +17,11 @@ from torch import nn
 from fakes.bench import BenchDiT, BenchShapes
 from fakes.checkpoints import write_checkpoint
 from fakes.layers import LINEAR_KINDS
-from reference import bench_paths
+from reference import bench_paths, bench_runner
 from reference.__main__ import main
 from reference.adopt import ADOPTION_DISABLED, load_full_state
-from reference.bench import RATIOS, compute_ratios, parse_sizes, write_folder
+from reference.bench import parse_sizes, write_folder
+from reference.bench_ratios import RATIOS, compute_ratios
 from reference.bench_report import format_document, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
@@ -145,11 +146,11 @@ def test_paths_command_line(
     folder: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     where = str(folder[0])
-    assert bench_paths.main(["dit_zero_copy", where, "--mode", "memory", "--warmup", where]) == 0
+    assert bench_runner.main(["dit_zero_copy", where, "--mode", "memory", "--warmup", where]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["path"], result["mode"]) == ("dit_zero_copy", "memory")
     with pytest.raises(SystemExit):
-        bench_paths.main(["no_such_path", where])
+        bench_runner.main(["no_such_path", where])
 
 
 # --- ratios, tables, the command ----------------------------------------------------------------
@@ -209,11 +210,11 @@ def test_bench_command_writes_the_json_and_prints_the_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out.json"
-    assert main(["bench", "--sizes", "1,2", "--reps", "1", "--json", str(out)]) == 0
+    assert main(["bench", "--size-mib", "1", "--reps", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     document = json.loads(out.read_text())
     assert {"schema", "command", "machine", "repetitions", "sizes", "ratios"} <= set(document)
-    assert [s["size_mib"] for s in document["sizes"]] == [1, 2]
+    assert [s["size_mib"] for s in document["sizes"]] == [1]
     assert set(document["ratios"]) >= ISSUE_RATIOS
     for name, ratio in document["ratios"].items():
         assert ratio["status"] in {"pass", "miss", "info", "skipped"}, name
@@ -225,8 +226,28 @@ def test_bench_command_writes_the_json_and_prints_the_table(
             figures = size["paths"][name]
             for key in ("load_s", "load_read_s", "anon_peak", "file_peak", "throughput"):
                 assert math.isfinite(figures[key]), (name, key)
-    assert "growth with checkpoint size" in printed
     assert format_document(document) in printed
+
+
+def test_several_sizes_add_a_growth_table() -> None:
+    small = _size(readinto={"anon_peak": 1024**2, "load_s": 0.5, "bytes": 1000})
+    large = _size(readinto={"anon_peak": 4 * 1024**2, "load_s": 2.0, "bytes": 4000}) | {
+        "size_mib": 4
+    }
+    for size in (small, large):
+        size["ratios"] = compute_ratios(size)
+    machine = {"platform": "p", "cpus": 2, "torch_threads": 2, "load_average": [1.0]}
+    document = {
+        "command": "python -m reference bench --sizes 1,4",
+        "repetitions": 1,
+        "machine": machine | {"load_average_after": [1.0]},
+        "sizes": [small, large],
+        "ratios": large["ratios"],
+    }
+    text = format_document(document)
+    growth = text[text.index("## growth with checkpoint size") :]
+    assert "       1 MiB        4 MiB" in growth
+    assert "readinto          anon MiB         1.000        4.000" in growth
 
 
 def test_plot_without_matplotlib_is_refused_before_any_work(
