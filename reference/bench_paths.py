@@ -137,13 +137,14 @@ def full_state(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a file read into private memory: the "full CPU state dict".
 
     safetensors >= 0.8 `load_file` returns views of a memory map by default; its "pread"
-    backend reads the bytes instead, as earlier versions always did.
+    backend reads the bytes instead. Without that backend each tensor is cloned as it is taken.
     """
     from safetensors.torch import load_file
 
     if "backend" in inspect.signature(load_file).parameters:
         return load_file(path, backend="pread")
-    return load_file(path)  # pragma: no cover - safetensors < 0.8 reads into memory anyway
+    state = load_file(path)  # pragma: no cover - safetensors < 0.8
+    return {name: state.pop(name).clone() for name in list(state)}  # pragma: no cover
 
 
 def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -> Loaded:

@@ -99,6 +99,8 @@ def format_document(document: Mapping[str, Any]) -> str:
         f" {machine['load_average_after'][0]:.2f} after",
     ]
     parts += [format_size(size, reps) for size in document["sizes"]]
+    paths = document["sizes"][0]["paths"]
+    parts.append("\n".join(f"{name:<17} {f.get('about', '')}" for name, f in paths.items()))
     if len(document["sizes"]) > 1:
         parts.append(format_growth(document["sizes"]))
     parts.append(format_ratios(document["ratios"]))
