@@ -259,7 +259,6 @@ def run(job: Job) -> dict[str, Any]:
     spec = PATHS[job.path]
     if spec.cuda:
         torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
-        torch.cuda.reset_peak_memory_stats(CUDA)
     if job.threads is not None:
         torch.set_num_threads(job.threads)
     torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
@@ -269,7 +268,10 @@ def run(job: Job) -> dict[str, Any]:
         synchronize(spec.cuda)
     job.shapes  # noqa: B018 - read the shapes before the clock
     state = spec.setup(job)
-    device_start = torch.cuda.memory_allocated(CUDA) if spec.cuda else 0
+    device_start = 0
+    if spec.cuda:
+        torch.cuda.reset_peak_memory_stats(CUDA)
+        device_start = torch.cuda.memory_allocated(CUDA)
     result: dict[str, Any] = {"path": job.path, "mode": job.mode}
     start = resident()
     if job.mode == "memory":

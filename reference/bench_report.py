@@ -23,7 +23,11 @@ COLUMNS = (
     ("streamed", "streamed", MIB, "{:8.1f}"),
 )
 DEVICE_COLUMN = ("device MiB", "device_peak", MIB, "{:10.1f}")
-GROWTH = (("load s", "load_s", 1.0), ("anon MiB", "anon_peak", MIB))
+# label, figure, scale, plot title
+GROWTH = (
+    ("load s", "load_s", 1.0, "load time"),
+    ("anon MiB", "anon_peak", MIB, "peak anonymous memory growth"),
+)
 
 
 def _cell(figures: Mapping[str, Any], key: str, scale: float, fmt: str) -> str:
@@ -76,7 +80,7 @@ def format_growth(sizes: list[Mapping[str, Any]]) -> str:
     header = " ".join(f"{s['size_mib']:>8} MiB" for s in sizes)
     lines = ["## growth with checkpoint size", f"{'path':<17} {'figure':<9} {header}"]
     for name in sizes[0]["paths"]:
-        for label, key, scale in GROWTH:
+        for label, key, scale, _ in GROWTH:
             cells = [_cell(s["paths"][name], key, scale, "{:12.3f}") for s in sizes]
             lines.append(f"{name:<17} {label:<9} {' '.join(cells)}")
     lines.append(f"{'ratio':<43} {header}")
@@ -124,15 +128,15 @@ def write_plot(document: Mapping[str, Any], path: Path) -> None:  # pragma: no c
         if not measured:
             continue
         x = [s["size_mib"] for s in measured]
-        for axis, (label, key, scale) in zip(axes, GROWTH, strict=True):
+        for axis, (label, key, scale, title) in zip(axes, GROWTH, strict=True):
             y = [max(s["paths"][name][key] / scale, 1e-3) for s in measured]
             axis.plot(x, y, marker="o", label=name)
             axis.set_ylabel(label)
-    for axis, title in zip(axes, ("peak anonymous memory", "load time"), strict=True):
+            axis.set_title(title)
+    for axis in axes:
         axis.set_xlabel("checkpoint MiB")
         axis.set_xscale("log")
         axis.set_yscale("log")
-        axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     figure.suptitle(document["command"], fontsize=9)
