@@ -1,4 +1,4 @@
-"""Command line: `python -m reference demo | load | rules | report`."""
+"""Command line: `python -m reference demo | load | bench | rules | report`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="load a small demo pipeline in each mode and print the tables")
     sub.add_parser("load", help="load a pipeline folder: python -m reference load DIR [flags]")
+    sub.add_parser("bench", help="peak memory and time of every loading path (bench --help)")
     sub.add_parser("rules", help="print the rule catalogue")
     merge = sub.add_parser("report", help="merge conformance reports into one Markdown matrix")
     merge.add_argument("reports", nargs="+", metavar="REPORT.json")
@@ -31,6 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["load"]:
         return load_command(argv[1:])  # its flags are parsed by reference.args
+    if argv[:1] == ["bench"]:
+        from reference.bench import bench_command
+
+        return bench_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_command(args.reports, out=args.out)

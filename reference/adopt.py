@@ -52,6 +52,8 @@ class Verdict:
 
 
 ADOPT = Verdict(True)
+# The reason a tensor is copied when the caller turned adoption off (the benchmark's copy path).
+ADOPTION_DISABLED = "adoption disabled by the caller"
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -222,7 +224,13 @@ def _like(param: torch.Tensor, data: torch.Tensor, requires_grad: bool) -> torch
 
 def _copy(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor:
     target = slot.tensor
-    fresh = torch.empty_like(target, device=load_device)
+    # Same tensor as empty_like; but empty_like of a meta tensor onto another device runs a
+    # Python reference that imports sympy (about a second and 30 MiB, once per process).
+    fresh = (
+        torch.empty(target.shape, dtype=target.dtype, device=load_device)
+        if target.is_contiguous()
+        else torch.empty_like(target, device=load_device)
+    )
     loader = target.__dict__.get("weight_loader")
     if loader is None or not slot.is_parameter:
         if tensor.shape != target.shape:
@@ -258,6 +266,7 @@ def load_full_state(
     load_device: torch.device,
     kinds: LinearKinds,
     direct: bool = False,
+    adopt: bool = True,
 ) -> tuple[TensorRecord, ...]:
     """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
 
@@ -266,6 +275,8 @@ def load_full_state(
     parameter's attributes, with requires_grad=False (ZC-9); a second adoption of bytes already
     adopted is refused (ZC-12). Slots are assigned only once every tensor loaded, so a failure
     leaves `module` untouched. Tied parameters stay tied; their alias names are skipped.
+    With `adopt=False` every tensor takes the copy path (the record's reason says so); that is
+    the benchmark's copy path, not a contract mode.
 
     Returns:
         One record per loaded slot, in load order.
@@ -291,8 +302,12 @@ def load_full_state(
         if name in loaded:
             raise StateMismatchError(f"checkpoint tensor {name!r} is given twice")
         tensor = read if same_device(read.device, load_device) else read.to(load_device)
-        verdict = zero_copy_verdict(
-            slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
+        verdict = (
+            zero_copy_verdict(
+                slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
+            )
+            if adopt
+            else Verdict(False, ADOPTION_DISABLED)
         )
         if verdict.adopt:
             clash = adopted.clash(tensor)

@@ -49,6 +49,7 @@ def load_dit(
     quantization: QuantizationSpec | None = None,
     fsdp: bool = False,
     component: str = "transformer",
+    adopt: bool = True,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a DiT component as `plan` says and report what happened to each tensor.
 
@@ -67,6 +68,7 @@ def load_dit(
         quantization: the requested quantization, if any (it is never silently dropped).
         fsdp: FSDP inference is on (FSDP itself is not done here).
         component: the component's name, for messages and the report.
+        adopt: False copies every tensor, eligible or not (the benchmark's copy path).
 
     Returns:
         The loaded module and its load report.
@@ -96,6 +98,7 @@ def load_dit(
             load_device=device,
             kinds=kinds,
             direct=plan.load_full_state_dict_on_device,
+            adopt=adopt,
         )
     finally:
         reader.close()

@@ -1,0 +1,114 @@
+"""Models and checkpoints for the benchmark, sized to a requested number of bytes.
+
+`BenchDiT` is a stack of MLP blocks made of a column-parallel up projection and a row-parallel
+down projection (TP=1, unquantized): every large tensor is adoptable, which the zero-copy figures
+need. (`TinyDiT`'s fused QKV layer overrides `weight_loader`, so it is always copied.) Only the
+per-block norms are copied, and they are tiny. The VAE is `StandardVAE` with a wider `hidden`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fakes.checkpoints import write_checkpoint
+from fakes.layers import ColumnParallelLinear, RowParallelLinear
+from fakes.vae import StandardVAE, VAEConfig
+
+MIB = 1024 * 1024
+DIT_DTYPE = torch.bfloat16
+MLP_RATIO = 4
+MAX_HIDDEN = 2048
+# StandardVAE holds about this many float32 values per hidden**2 (four 3x3x3 convolutions and a
+# linear): 4 * 27 + 1 = 109 values, 436 bytes.
+VAE_BYTES_PER_HIDDEN_SQUARED = 436
+
+
+class BenchBlock(nn.Module):
+    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.up = ColumnParallelLinear(hidden, MLP_RATIO * hidden, params_dtype=dtype)
+        self.down = RowParallelLinear(MLP_RATIO * hidden, hidden, params_dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.down(torch.relu(self.up(self.norm(x))))
+        return out
+
+
+class BenchDiT(nn.Module):
+    """`depth` MLP blocks of width `hidden`; all linears column/row-parallel at TP=1."""
+
+    def __init__(self, hidden: int = 64, depth: int = 2, dtype: torch.dtype = DIT_DTYPE) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(BenchBlock(hidden, dtype) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@dataclass(frozen=True)
+class BenchShapes:
+    """Constructor arguments that make each model about the requested size."""
+
+    dit_hidden: int
+    dit_depth: int
+    vae_hidden: int
+
+    @classmethod
+    def for_bytes(cls, target: int) -> BenchShapes:
+        """Shapes for checkpoints of about `target` bytes each (at least 8 DiT blocks)."""
+        itemsize = DIT_DTYPE.itemsize
+        hidden = MAX_HIDDEN
+        while hidden > 64 and 2 * MLP_RATIO * hidden * hidden * itemsize > target // 8:
+            hidden //= 2
+        block = 2 * MLP_RATIO * hidden * hidden * itemsize
+        depth = max(1, round(target / block))
+        vae_hidden = max(8, 8 * round(math.sqrt(target / VAE_BYTES_PER_HIDDEN_SQUARED) / 8))
+        return cls(dit_hidden=hidden, dit_depth=depth, vae_hidden=vae_hidden)
+
+    def dit(self) -> BenchDiT:
+        return BenchDiT(self.dit_hidden, self.dit_depth)
+
+    def vae(self) -> StandardVAE:
+        return StandardVAE(VAEConfig(hidden=self.vae_hidden))
+
+
+def filled_state(module: nn.Module, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A checkpoint state for `module` (built on meta is fine): small uniform values.
+
+    Floating tensors of 2 bytes or more get values in [-0.02, 0.02); others (float8, integers)
+    are zeros. Cheap enough to write a gigabyte in seconds.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, slot in module.state_dict().items():
+        if slot.dtype.is_floating_point and slot.dtype.itemsize >= 2:
+            state[name] = torch.empty(slot.shape, dtype=slot.dtype).uniform_(
+                -0.02, 0.02, generator=generator
+            )
+        else:
+            state[name] = torch.zeros(slot.shape, dtype=slot.dtype)
+    return state
+
+
+def write_bench_checkpoints(folder: Path, shapes: BenchShapes) -> tuple[Path, Path]:
+    """Write the DiT and the VAE checkpoint (one safetensors file each) under `folder`.
+
+    Returns:
+        The DiT checkpoint file and the VAE checkpoint file.
+    """
+    paths = []
+    for name, build in (("dit", shapes.dit), ("vae", shapes.vae)):
+        with torch.device("meta"):
+            module = build()
+        state = filled_state(module)
+        paths.append(write_checkpoint(state, folder / name))
+        del state
+    return paths[0], paths[1]

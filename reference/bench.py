@@ -1,0 +1,262 @@
+"""`python -m reference bench`: peak memory and time of every loading path, side by side.
+
+    python -m reference bench [--size-mib N] [--sizes 64,256,...] [--reps R] [--threads T]
+                              [--json PATH] [--plot PATH]
+
+For each size, a DiT and a VAE checkpoint of about N MiB are written into a temporary folder
+(outside every measured run). Each path of `reference.bench_paths.PATHS` then runs R times timed
+and R times sampled for memory, each run in a fresh process, on a warm page cache; the figures
+are medians. The ratios the project's performance claims rest on are computed from them and
+checked against their targets (`reference.bench_ratios.RATIOS`). Linux only: memory is read
+from /proc/self/status.
+
+Figures per path (bytes are growth over the process's state before the load):
+    load_s, load_read_s: wall time of the load, and of the load plus one read of every weight
+    load_cpu_s: CPU time of the load (all threads; steadier than wall time on a busy machine)
+    anon_peak, file_peak: peak anonymous / file-backed resident memory during the load
+    anon_end, file_end: the same right after the load
+    anon_peak_read, file_peak_read: the peaks through the load and the read
+    device_peak: peak CUDA memory allocated during the load (CUDA paths)
+    adopted, copied, streamed: bytes by fate; host_anon_bytes: the loaded state in private memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from reference.bench_paths import PATHS
+from reference.bench_ratios import compute_ratios
+from reference.checkpoint import open_checkpoint
+from reference.platform import SYSTEM, Platform, describe
+
+MIB = 1024 * 1024
+DEFAULT_SIZE_MIB = 512
+DEFAULT_REPS = 5
+# Each run first loads checkpoints of this size through its path, unmeasured (see bench_paths).
+WARMUP_MIB = 1
+Runner = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def checkpoint_facts(path: Path) -> dict[str, int]:
+    checkpoint = open_checkpoint(path)
+    return {
+        "bytes": checkpoint.total_bytes,
+        "file_bytes": sum(f.stat().st_size for f in checkpoint.files),
+        "largest_tensor_bytes": checkpoint.largest_tensor_bytes,
+        "tensors": len(checkpoint.tensors),
+    }
+
+
+def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
+    """Write the DiT and VAE checkpoints of one size and describe them."""
+    from fakes.bench import BenchShapes, write_bench_checkpoints
+
+    shapes = BenchShapes.for_bytes(size_mib * MIB)
+    dit, vae = write_bench_checkpoints(folder, shapes)
+    (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
+    return {"size_mib": size_mib, "dit": checkpoint_facts(dit), "vae": checkpoint_facts(vae)}
+
+
+def median_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    keys = {k for run in runs for k, v in run.items() if isinstance(v, (int, float))}
+    return {k: statistics.median(r[k] for r in runs if k in r) for k in sorted(keys)}
+
+
+class ServerRunner:
+    """One `python -m reference.bench_runner --serve` process; each job runs in a fresh fork."""
+
+    def __init__(self) -> None:
+        root = Path(__file__).resolve().parent.parent
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "reference.bench_runner", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def __call__(self, job: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the benchmark runner exited ({self.process.wait()})")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def measure_size(
+    folder: Path,
+    facts: dict[str, Any],
+    *,
+    reps: int,
+    runner: Runner,
+    no_cuda: str | None,
+    warmup: Path,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Run every path `reps` times in each mode (repetition-major, so noise spreads evenly)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
+    for _ in range(reps):
+        for name, spec in PATHS.items():
+            if spec.cuda and no_cuda is not None:
+                continue
+            for mode in ("time", "memory"):
+                job: dict[str, Any] = {"path": name, "folder": str(folder), "mode": mode}
+                job |= {"warmup": str(warmup), "threads": threads}
+                result = runner(job)
+                if "error" in result:
+                    raise RuntimeError(f"bench path {name} ({mode}) failed:\n{result['error']}")
+                runs[name].append(result)
+    paths: dict[str, dict[str, Any]] = {}
+    for name, spec in PATHS.items():
+        if spec.cuda and no_cuda is not None:
+            paths[name] = {"skipped": no_cuda, "about": spec.about}
+            continue
+        figures: dict[str, Any] = median_figures(runs[name])
+        figures |= {"bytes": facts[spec.model]["bytes"], "model": spec.model, "about": spec.about}
+        figures["throughput"] = figures["bytes"] / figures["load_s"]
+        paths[name] = figures | {"runs": runs[name]}
+    size = facts | {"paths": paths}
+    size["ratios"] = compute_ratios(size)
+    return size
+
+
+def machine(platform: Platform, threads: int | None) -> dict[str, Any]:
+    import torch
+
+    return {
+        "platform": describe(platform),
+        "cpus": os.cpu_count(),
+        "torch_threads": threads or torch.get_num_threads(),
+        "kernel": os.uname().release,
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def run_bench(
+    sizes: Sequence[int],
+    *,
+    reps: int,
+    command: str,
+    threads: int | None = None,
+    platform: Platform = SYSTEM,
+    runner: Runner | None = None,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Measure every path at every size; returns the JSON document (see the module docstring)."""
+    no_cuda = None if platform.cuda_available() else f"no CUDA device ({describe(platform)})"
+    document: dict[str, Any] = {
+        "schema": "reference-bench/1",
+        "command": command,
+        "repetitions": reps,
+        "machine": machine(platform, threads),
+    }
+    server = ServerRunner() if runner is None else None
+    results = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="reference-bench-") as tmp:
+            warmup = Path(tmp) / "warmup"
+            write_folder(warmup, WARMUP_MIB)
+            for size_mib in sizes:
+                folder = Path(tmp) / f"{size_mib}mib"
+                log(f"writing {size_mib} MiB DiT and VAE checkpoints into {folder}")
+                facts = write_folder(folder, size_mib)
+                log(f"measuring {size_mib} MiB: {reps} repetitions of each path, timed and sampled")
+                run = runner or server
+                assert run is not None
+                results.append(
+                    measure_size(
+                        folder,
+                        facts,
+                        reps=reps,
+                        runner=run,
+                        no_cuda=no_cuda,
+                        warmup=warmup,
+                        threads=threads,
+                    )
+                )
+    finally:
+        if server is not None:
+            server.close()
+    document["machine"]["load_average_after"] = list(os.getloadavg())
+    document["sizes"] = results
+    document["ratios"] = results[-1]["ratios"]
+    return document
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--sizes takes MiB as integers, like 64,256; got {text!r}"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--sizes needs positive MiB values; got {text!r}")
+    return tuple(sorted(set(sizes)))
+
+
+def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
+    """`python -m reference bench ...`; returns the exit status (0 also when a target is missed)."""
+    from reference.bench_report import format_document, plot_available, write_plot
+
+    parser = argparse.ArgumentParser(
+        prog="python -m reference bench",
+        description="Peak memory and time of every loading path, side by side.",
+    )
+    parser.add_argument(
+        "--size-mib", type=int, default=DEFAULT_SIZE_MIB, help="checkpoint size (default 512)"
+    )
+    parser.add_argument("--sizes", type=parse_sizes, help="several sizes in MiB: 64,256,1024")
+    parser.add_argument("--reps", type=int, default=DEFAULT_REPS, help="repetitions (default 5)")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads in the runs (default: torch's own)"
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as JSON")
+    parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if not Path("/proc/self/status").exists():
+        print("bench: needs Linux (memory figures come from /proc/self/status)", file=sys.stderr)
+        return 2
+    if args.plot and not plot_available():
+        print(
+            "bench: --plot needs matplotlib; install it with"
+            " `pip install 'diffusion-loader-conformance[plot]'` or `pip install matplotlib`",
+            file=sys.stderr,
+        )
+        return 2
+    if min(args.size_mib, args.reps, args.threads or 1) < 1:
+        parser.error("--size-mib, --reps and --threads must be at least 1")
+    sizes = args.sizes or (args.size_mib,)
+    command = shlex.join(["python", "-m", "reference", "bench", *argv])
+    document = run_bench(
+        sizes, reps=args.reps, command=command, threads=args.threads, platform=platform
+    )
+    print(format_document(document))
+    if args.json:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if args.plot:
+        write_plot(document, args.plot)
+    return 0

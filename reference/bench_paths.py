@@ -1,0 +1,319 @@
+"""The measured loading paths of the benchmark: one function per path, and one measured run.
+
+`run(job)` measures one path once in the calling process: either timed (no sampler thread
+competing with the load) or sampled for memory (`reference.memory.PeakSampler`). Everything a path
+needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region,
+and the loaded tensors are listed and counted after it. `reference.bench_runner` runs each job in
+a fresh process; `reference.bench` orchestrates the runs and takes medians.
+
+With a warm-up folder, the path first loads those (small) checkpoints, unmeasured, so the one-off
+costs of a process's first load (first calls, lazy caches, the copy-on-write faults of a forked
+child) are not charged to the measured load: they are a fixed few milliseconds, not a cost per
+byte.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference.dit import load_dit
+from reference.memory import PeakSampler, resident
+from reference.plan import CPU, WeightLoadPlan
+from reference.report import LoadReport
+from reference.vae import load_vae
+
+CUDA = torch.device("cuda", 0)
+MODES = ("time", "memory")
+
+
+@dataclass
+class Loaded:
+    """What a path produced, and where its bytes went (None: every byte was copied).
+
+    Only the load itself is timed; the tensors are listed and counted after the clock stops.
+    """
+
+    result: nn.Module | torch.Tensor
+    adopted: int = 0
+    copied: int | None = None
+    streamed: int = 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        if isinstance(self.result, torch.Tensor):
+            return [self.result]
+        return module_tensors(self.result)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: which path, on which benchmark folder, timed or sampled."""
+
+    path: str
+    folder: Path
+    mode: str = "time"
+    warmup: Path | None = None
+    threads: int | None = None  # torch's intra-op threads for the run; None keeps torch's default
+
+    @functools.cached_property
+    def shapes(self) -> Any:
+        """The models' constructor arguments (`fakes.bench.BenchShapes`), read once."""
+        from fakes.bench import BenchShapes
+
+        return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
+
+    def checkpoint(self, model: str) -> Path:
+        return self.folder / model / "model.safetensors"
+
+
+def module_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer (persistent or not), each storage view once."""
+    seen: dict[tuple[int, int], torch.Tensor] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        seen.setdefault((tensor.data_ptr(), tensor.nbytes), tensor)
+    return list(seen.values())
+
+
+def from_report(module: nn.Module, report: LoadReport) -> Loaded:
+    return Loaded(
+        module,
+        adopted=report.adopted[1],
+        copied=report.copied[1],
+        streamed=report.streamed[1],
+    )
+
+
+def read_all(tensors: list[torch.Tensor]) -> int:
+    """Read every byte of every tensor once (a max over its bytes); returns a checksum.
+
+    On one CPU thread: the read is memory-bound, and on a busy machine a thread pool adds
+    milliseconds of waiting per tensor, which would be charged to many-tensor models.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return sum(
+            int(t.detach().reshape(-1).view(torch.uint8).amax()) for t in tensors if t.numel()
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
+    from fakes.layers import LINEAR_KINDS
+
+    direct = device.type != "cpu"
+    plan = (
+        WeightLoadPlan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
+        if direct
+        else WeightLoadPlan.for_component(
+            checkpoint_load_device=CPU,
+            needs_device_weight_postprocess=False,
+            component_cpu_offload=True,
+        )
+    )
+    module, report = load_dit(
+        job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
+    )
+    return from_report(module, report)
+
+
+def vae_stream(job: Job, *, device: torch.device) -> Loaded:
+    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device)
+    return from_report(module, report)
+
+
+def full_state(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a file read into private memory: the "full CPU state dict".
+
+    safetensors >= 0.8 `load_file` returns views of a memory map by default; its "pread"
+    backend reads the bytes instead. Without that backend each tensor is cloned as it is taken.
+    """
+    from safetensors.torch import load_file
+
+    if "backend" in inspect.signature(load_file).parameters:
+        return load_file(path, backend="pread")
+    state = load_file(path)  # pragma: no cover - safetensors < 0.8
+    return {name: state.pop(name).clone() for name in list(state)}  # pragma: no cover
+
+
+def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -> Loaded:
+    """A state dict from safetensors, then `load_state_dict` (`assign` on a meta-built module).
+
+    `full` reads the whole state into private memory first (`full_state`); otherwise the state
+    dict is what `safetensors.torch.load_file` returns by default. The module is built without
+    initialisation (on meta, then `to_empty` unless `assign`), so only loading is timed.
+    """
+    from safetensors.torch import load_file
+
+    with torch.device("meta"):
+        module = getattr(job.shapes, model)()
+    if not assign:
+        module = module.to_empty(device=CPU)
+    path = job.checkpoint(model)
+    state = full_state(path) if full else load_file(path)
+    module.load_state_dict(state, assign=assign)
+    del state
+    return Loaded(module)
+
+
+def readinto(job: Job) -> Loaded:
+    """The machine's limit: one read of the DiT checkpoint file into a fresh buffer."""
+    path = job.checkpoint("dit")
+    size = path.stat().st_size
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = memoryview((ctypes.c_char * size).from_address(buffer.data_ptr())).cast("B")
+    done = 0
+    with path.open("rb", buffering=0) as f:
+        while done < size:  # one read() returns at most about 2 GiB
+            done += f.readinto(view[done:]) or 0
+    return Loaded(buffer)
+
+
+def pinned_host(job: Job) -> torch.Tensor:
+    path = job.checkpoint("dit")
+    pinned = torch.empty(path.stat().st_size, dtype=torch.uint8, pin_memory=True)
+    view = memoryview((ctypes.c_char * pinned.nbytes).from_address(pinned.data_ptr())).cast("B")
+    with path.open("rb", buffering=0) as f:
+        f.readinto(view)
+    return pinned
+
+
+def pinned_h2d(job: Job, pinned: torch.Tensor) -> Loaded:
+    """The machine's host-to-device limit: one copy of the same bytes from pinned memory."""
+    device = torch.empty(pinned.nbytes, dtype=torch.uint8, device=CUDA)
+    device.copy_(pinned, non_blocking=True)
+    return Loaded(device)
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    """A measured path: its load, whether it needs CUDA, and its untimed setup."""
+
+    load: Callable[[Job, Any], Loaded]
+    model: str = "dit"  # whose checkpoint it reads: "dit" or "vae"
+    cuda: bool = False
+    setup: Callable[[Job], Any] = lambda job: None
+    about: str = ""
+
+
+PATHS: dict[str, PathSpec] = {
+    "dit_zero_copy": PathSpec(
+        lambda job, _: dit(job, device=CPU), about="reference DiT, CPU offload (zero-copy)"
+    ),
+    "dit_copy": PathSpec(
+        lambda job, _: dit(job, device=CPU, adopt=False),
+        about="reference DiT, copy path (adoption disabled)",
+    ),
+    "dit_direct": PathSpec(
+        lambda job, _: dit(job, device=CUDA), cuda=True, about="reference DiT, direct to CUDA"
+    ),
+    "vae_stream": PathSpec(
+        lambda job, _: vae_stream(job, device=CPU),
+        model="vae",
+        about="reference VAE streaming to CPU",
+    ),
+    "vae_stream_cuda": PathSpec(
+        lambda job, _: vae_stream(job, device=CUDA),
+        model="vae",
+        cuda=True,
+        about="reference VAE streaming to CUDA",
+    ),
+    "vae_ordinary": PathSpec(
+        lambda job, _: state_dict_load(job, "vae", assign=False, full=True),
+        model="vae",
+        about="VAE the ordinary way: full CPU state dict (pread), then load_state_dict",
+    ),
+    "load_file": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=False),
+        about="DiT baseline: load_file + load_state_dict",
+    ),
+    "load_file_assign": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=True),
+        about="DiT baseline: load_file + load_state_dict(assign=True) on meta",
+    ),
+    "readinto": PathSpec(lambda job, _: readinto(job), about="limit: one readinto, fresh buffer"),
+    "pinned_h2d": PathSpec(
+        pinned_h2d, cuda=True, setup=pinned_host, about="limit: pinned host-to-device copy"
+    ),
+}
+
+
+def synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def run(job: Job) -> dict[str, Any]:
+    """Measure one path once in this process; the result's fields are documented in bench.py."""
+    spec = PATHS[job.path]
+    if spec.cuda:
+        torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)
+    torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
+    if job.warmup is not None:
+        small = Job(job.path, job.warmup)
+        spec.load(small, spec.setup(small)).tensors()
+        synchronize(spec.cuda)
+    job.shapes  # noqa: B018 - read the shapes before the clock
+    state = spec.setup(job)
+    device_start = 0
+    if spec.cuda:
+        torch.cuda.reset_peak_memory_stats(CUDA)
+        device_start = torch.cuda.memory_allocated(CUDA)
+    result: dict[str, Any] = {"path": job.path, "mode": job.mode}
+    start = resident()
+    if job.mode == "memory":
+        with PeakSampler() as during_load:
+            loaded = spec.load(job, state)
+            synchronize(spec.cuda)
+        end = resident()
+        tensors = loaded.tensors()
+        with PeakSampler() as during_read:
+            read_all(tensors)
+            synchronize(spec.cuda)
+        result |= {
+            "anon_peak": during_load.peak.anon - start.anon,
+            "file_peak": during_load.peak.file - start.file,
+            "anon_end": end.anon - start.anon,
+            "file_end": end.file - start.file,
+            "anon_peak_read": max(during_load.peak.anon, during_read.peak.anon) - start.anon,
+            "file_peak_read": max(during_load.peak.file, during_read.peak.file) - start.file,
+        }
+        if spec.cuda:
+            result["device_peak"] = torch.cuda.max_memory_allocated(CUDA) - device_start
+    else:
+        cpu, began = time.process_time(), time.perf_counter()
+        loaded = spec.load(job, state)
+        synchronize(spec.cuda)
+        loaded_at, cpu_used = time.perf_counter(), time.process_time() - cpu
+        tensors = loaded.tensors()
+        read_began = time.perf_counter()
+        read_all(tensors)
+        synchronize(spec.cuda)
+        result |= {
+            "load_s": loaded_at - began,
+            "load_read_s": loaded_at - began + time.perf_counter() - read_began,
+            "load_cpu_s": cpu_used,
+        }
+    total = sum(t.nbytes for t in tensors)
+    host = sum(t.nbytes for t in tensors if t.device.type == "cpu")
+    result |= {
+        "adopted": loaded.adopted,
+        "copied": total if loaded.copied is None else loaded.copied,
+        "streamed": loaded.streamed,
+        # the loaded state held in this process's private memory (adopted bytes are the file's)
+        "host_anon_bytes": host - loaded.adopted,
+    }
+    return result
