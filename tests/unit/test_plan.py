@@ -159,8 +159,10 @@ def test_consistent_explicit_plan_is_accepted(loader: LoaderAdapter) -> None:
 
 @pytest.mark.rule("PLAN-4")
 def test_default_plan(loader: LoaderAdapter, runtime_device: torch.device) -> None:
-    plan = loader.default_plan(runtime_device)
-    assert plan.checkpoint_load_device == runtime_device
-    assert plan.weight_postprocess_device is None
-    assert plan.defer_cpu_offload is False
-    assert plan.load_full_state_dict_on_device is False
+    # ACCEL too: in the CPU tier the runtime device is cpu, which a CPU-only default would match.
+    for device in (runtime_device, ACCEL):
+        plan = loader.default_plan(device)
+        assert plan.checkpoint_load_device == device
+        assert plan.weight_postprocess_device is None
+        assert plan.defer_cpu_offload is False
+        assert plan.load_full_state_dict_on_device is False

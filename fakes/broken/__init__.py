@@ -1,0 +1,140 @@
+"""Deliberately broken loaders: the reference adapter with exactly one defect each.
+
+They prove that the suite catches bad loaders: run against one of them, the suite fails, and the
+rules its report marks failed are the ones the defect breaks (`breaks`, plus `also_fails` where a
+test pins two rules at once). Together they break every MUST rule the suite reaches through the
+adapter. Run one by hand with:
+
+    python -m pytest tests/unit --loader=fakes.broken:AdoptsTensorParallelShards
+"""
+
+from __future__ import annotations
+
+from fakes.broken.admission import (
+    AdmitsOneFlagAtATime,
+    AllowsFsdpWithDirectDit,
+    CaseInsensitiveSelection,
+    CaseSensitiveComponentValues,
+    ChecksOnlyTheDitAgainstThePlatform,
+    ChecksOnlyTheMainTransformer,
+    CoercesConstructionValues,
+    IgnoresCheckpointQuantization,
+    IgnoresUnsupportedRequests,
+    LenientDitFlag,
+    MaybeMeansTrue,
+    NoMemoryMargin,
+    ParsesPastDoubleDash,
+    StreamsVaesByDefault,
+)
+from fakes.broken.base import BrokenAdapter
+from fakes.broken.dit import (
+    AdoptsSharedBytesTwice,
+    CopiesWithoutWeightLoader,
+    FallsBackToUnquantized,
+    IgnoresFsdp,
+    KeepsCheckpointDtype,
+    LosesAdoptedAttributes,
+    MapsCheckpointShared,
+    OffloadsBeforeProcessing,
+    PreReadsDirectCheckpoint,
+    ReadsBeforeChecking,
+    UpcastsOnOffload,
+)
+from fakes.broken.plans import (
+    DefaultPlanOnCpu,
+    DefersResidentComponents,
+    DisablesOffloadForOnlineFp8,
+    LoadsOffloadedQuantizedOnCpu,
+    MutablePlans,
+    NeverLoadsOnCpu,
+    ProcessesSerializedCheckpoints,
+    UnvalidatedPlans,
+)
+from fakes.broken.vae import (
+    CpuStreamKeepsFileViews,
+    DropsUnknownTensors,
+    FallsBackForQuantizedVae,
+    FreezesStreamedParameters,
+    IgnoresChannelsLast,
+    KeepsFileDtype,
+    LetsMetaBuffersThrough,
+    ReadsWholeVaeCheckpoint,
+    SkipsStateCheckAfterHooks,
+    ToleratesMissingSlots,
+)
+from fakes.broken.vae_slots import AllowsTiedState, ChecksOnlyStateDict, IgnoresUserHooks
+from fakes.broken.zero_copy import (
+    AcceptsOverridingSubclasses,
+    AdoptsOffCpuTensors,
+    AdoptsParameterSubclasses,
+    AdoptsTensorParallelShards,
+    AdoptsTransposedViews,
+    CopiesInDirectMode,
+    IgnoresQuantMethod,
+    IgnoresShardedWeightFlag,
+    TrustsUnboundLoaders,
+)
+
+BROKEN: tuple[type[BrokenAdapter], ...] = (
+    # plans and placement
+    MutablePlans,
+    DefersResidentComponents,
+    UnvalidatedPlans,
+    DefaultPlanOnCpu,
+    NeverLoadsOnCpu,
+    LoadsOffloadedQuantizedOnCpu,
+    ProcessesSerializedCheckpoints,
+    DisablesOffloadForOnlineFp8,
+    # the zero-copy predicate
+    AdoptsOffCpuTensors,
+    TrustsUnboundLoaders,
+    AcceptsOverridingSubclasses,
+    IgnoresQuantMethod,
+    AdoptsTensorParallelShards,
+    AdoptsParameterSubclasses,
+    IgnoresShardedWeightFlag,
+    AdoptsTransposedViews,
+    CopiesInDirectMode,
+    # DiT loading steps
+    LosesAdoptedAttributes,
+    CopiesWithoutWeightLoader,
+    KeepsCheckpointDtype,
+    AdoptsSharedBytesTwice,
+    MapsCheckpointShared,
+    ReadsBeforeChecking,
+    PreReadsDirectCheckpoint,
+    OffloadsBeforeProcessing,
+    IgnoresFsdp,
+    FallsBackToUnquantized,
+    UpcastsOnOffload,
+    # direct VAE loading
+    ReadsWholeVaeCheckpoint,
+    ChecksOnlyStateDict,
+    IgnoresUserHooks,
+    DropsUnknownTensors,
+    SkipsStateCheckAfterHooks,
+    AllowsTiedState,
+    KeepsFileDtype,
+    ToleratesMissingSlots,
+    LetsMetaBuffersThrough,
+    FreezesStreamedParameters,
+    IgnoresChannelsLast,
+    FallsBackForQuantizedVae,
+    CpuStreamKeepsFileViews,
+    # arguments and admission
+    LenientDitFlag,
+    CaseSensitiveComponentValues,
+    MaybeMeansTrue,
+    ParsesPastDoubleDash,
+    CoercesConstructionValues,
+    CaseInsensitiveSelection,
+    AdmitsOneFlagAtATime,
+    ChecksOnlyTheDitAgainstThePlatform,
+    IgnoresUnsupportedRequests,
+    StreamsVaesByDefault,
+    AllowsFsdpWithDirectDit,
+    IgnoresCheckpointQuantization,
+    ChecksOnlyTheMainTransformer,
+    NoMemoryMargin,
+)
+"""Every broken loader, in catalogue order."""

@@ -1,0 +1,73 @@
+"""What every broken loader shares: the reference adapter, one defect, and the rules it breaks.
+
+A broken loader is a real loader: the reference adapter with exactly one behaviour changed. Where
+that behaviour lives inside the reference (a step of `load_dit` or `load_vae`, the zero-copy
+predicate), the loader swaps that one piece in for the duration of its own call and puts the
+reference's back afterwards, so everything else runs the reference's code unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import ClassVar
+
+import torch
+
+from reference.adapter import ReferenceAdapter
+
+# Why rules other than the broken one fail too: tests that pin several rules at once.
+DIRECT_MODE = "the direct-mode cases of the zero-copy truth table pin DG-5 (ZC-2..8 on the device)"
+
+
+class BrokenAdapter(ReferenceAdapter):
+    """The reference adapter with one defect.
+
+    Class attributes:
+        name: the adapter's name in reports (`broken-...`).
+        breaks: the rules the defect violates; the suite must fail each of them.
+        also_fails: other rules whose tests fail too, each with the reason (a test that pins
+            the broken rule together with this one); nothing else may fail.
+    """
+
+    name = "broken"
+    breaks: ClassVar[frozenset[str]] = frozenset()
+    also_fails: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    @classmethod
+    def expected_failures(cls) -> frozenset[str]:
+        """Every rule a run of the suite against this loader reports as failed."""
+        return cls.breaks | frozenset(cls.also_fails)
+
+
+@contextmanager
+def swapped(owner: object, **values: object) -> Iterator[None]:
+    """Give `owner` (a module or class) these attributes for the duration of the block.
+
+    Raises:
+        AttributeError: when `owner` has no such attribute (the reference changed shape).
+    """
+    saved = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+def clone_parameter(
+    param: torch.Tensor,
+    *,
+    cls: type[torch.Tensor] | None = None,
+    drop: tuple[str, ...] = (),
+    **attributes: object,
+) -> torch.Tensor:
+    """A parameter over the same data and attributes, of class `cls`, without `drop`, with
+    `attributes` added: the question a defective check asks instead of the real one."""
+    new = torch.Tensor._make_subclass(cls or type(param), param.detach(), param.requires_grad)
+    new.__dict__.update({k: v for k, v in param.__dict__.items() if k not in drop})
+    new.__dict__.update(attributes)
+    return new

@@ -1,0 +1,300 @@
+"""Broken DiT loading steps: adoption and copy (ZC-9..13), checks before reading (CKPT-5),
+direct reads (DG-4), and post-load processing with deferred offload (FP8-2, FP8-4..6)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+
+from fakes.broken.base import BrokenAdapter, swapped
+from fakes.broken.readers import SharedMapReader, WholeFileReader
+from reference import adopt, dit
+from reference.adapter import PlanLike
+from reference.adopt import AdoptedBytes, LinearKinds, Slot
+from reference.errors import QuantizationLoadError, StateMismatchError
+from reference.postload import offload_to_cpu, process_weights
+from reference.quantization import QuantizationSpec
+from reference.report import LoadReport
+
+reference_copy = adopt._copy
+
+
+class DiTDefect(BrokenAdapter):
+    """A loader whose DiT loads run the reference with `swaps` in force, then `after`."""
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        """What this loader does differently during one load."""
+        return contextlib.nullcontext()
+
+    def after(self, module: nn.Module, report: LoadReport) -> None:
+        """What this loader does to a loaded module before handing it out."""
+
+    def load_full_state(
+        self,
+        module: nn.Module,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        component: str = "transformer",
+    ) -> LoadReport:
+        with self.swaps(plan, fsdp=False):
+            report = super().load_full_state(
+                module, tensors, plan=plan, kinds=kinds, component=component
+            )
+        self.after(module, report)
+        return report
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        with self.swaps(plan, fsdp=fsdp):
+            module, report = super().load_dit(
+                build,
+                checkpoint,
+                plan=plan,
+                kinds=kinds,
+                quantization=quantization,
+                fsdp=fsdp,
+                component=component,
+            )
+        self.after(module, report)
+        return module, report
+
+
+class LosesAdoptedAttributes(DiTDefect):
+    """Wraps each adopted tensor in a bare `nn.Parameter`: same storage, but the parameter's
+    attributes (`weight_loader`, `input_dim`, ...) are gone (ZC-9)."""
+
+    name = "broken-loses-adopted-attributes"
+    breaks = frozenset({"ZC-9"})
+
+    def after(self, module: nn.Module, report: LoadReport) -> None:
+        adopted = [module.get_parameter(r.name) for r in report.records if r.how == "adopted"]
+        bare = {id(p): nn.Parameter(p.detach(), requires_grad=False) for p in adopted}
+        for owner in module.modules(remove_duplicate=False):
+            for leaf, param in owner._parameters.items():
+                if param is not None and id(param) in bare:
+                    owner._parameters[leaf] = bare[id(param)]
+
+
+def copy_ignoring_weight_loader(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
+    """The copy path without the layer's weight_loader: a plain copy of the whole tensor."""
+    target = slot.tensor
+    if tensor.shape != target.shape:
+        raise StateMismatchError(
+            f"{slot.name}: checkpoint shape {tuple(tensor.shape)} != slot shape"
+            f" {tuple(target.shape)}"
+        )
+    fresh = torch.empty_like(target, device=load_device).copy_(tensor)
+    if not slot.is_parameter:
+        return fresh
+    grad = target.requires_grad and fresh.is_floating_point()
+    new = torch.Tensor._make_subclass(type(target), fresh, grad)
+    new.__dict__.update(target.__dict__)
+    return new
+
+
+class CopiesWithoutWeightLoader(DiTDefect):
+    """Copies refused tensors whole, never through the layer's own weight_loader: no sharding
+    for TP>1, no layer-specific packing (ZC-10)."""
+
+    name = "broken-copies-without-weight-loader"
+    breaks = frozenset({"ZC-10"})
+    also_fails = MappingProxyType({"ZC-5": "the TP tests pin ZC-5 and ZC-10 together"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(adopt, _copy=copy_ignoring_weight_loader)
+
+
+def copy_keeping_dtype(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
+    """The copy path, except that a parameter without weight_loader keeps the file's dtype."""
+    target = slot.tensor
+    if not slot.is_parameter or "weight_loader" in target.__dict__:
+        return reference_copy(slot, tensor, load_device)
+    fresh = tensor.to(load_device, copy=True)
+    new = torch.Tensor._make_subclass(type(target), fresh, target.requires_grad)
+    new.__dict__.update(target.__dict__)
+    return new
+
+
+class KeepsCheckpointDtype(DiTDefect):
+    """Gives parameters without a weight_loader the checkpoint tensor in the file's dtype,
+    unconverted (ZC-11)."""
+
+    name = "broken-keeps-checkpoint-dtype"
+    breaks = frozenset({"ZC-11"})
+    also_fails = MappingProxyType(
+        {"ZC-10": "the converted-once test pins ZC-10 and ZC-11 together"}
+    )
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(adopt, _copy=copy_keeping_dtype)
+
+
+class NeverClashes(AdoptedBytes):
+    """Forgets what was adopted: any bytes may be adopted again."""
+
+    def clash(self, tensor: torch.Tensor) -> str | None:
+        return None
+
+
+class AdoptsSharedBytesTwice(DiTDefect):
+    """Adopts every eligible tensor even when its bytes were adopted already, so two
+    parameters the model does not tie share memory (ZC-12)."""
+
+    name = "broken-adopts-shared-bytes-twice"
+    breaks = frozenset({"ZC-12"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(adopt, AdoptedBytes=NeverClashes)
+
+
+class MapsCheckpointShared(DiTDefect):
+    """Maps checkpoint files shared instead of copy-on-write: writing to an adopted parameter
+    writes the file (ZC-13)."""
+
+    name = "broken-maps-checkpoint-shared"
+    breaks = frozenset({"ZC-13"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(dit, TensorReader=SharedMapReader)
+
+
+def no_preflight(module: nn.Module, names: set[str], *, component: str) -> None:
+    """Checks nothing: disagreements surface only while tensors are read."""
+
+
+class ReadsBeforeChecking(DiTDefect):
+    """Starts reading tensors without first checking the checkpoint's names against the model
+    (CKPT-5: the mismatch is found after bytes were read)."""
+
+    name = "broken-reads-before-checking"
+    breaks = frozenset({"CKPT-5"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(dit, _preflight=no_preflight)
+
+
+class PreReadsDirectCheckpoint(DiTDefect):
+    """In direct mode, reads the whole checkpoint onto CPU first and moves it to the device
+    from there (DG-4)."""
+
+    name = "broken-pre-reads-direct-checkpoint"
+    breaks = frozenset({"DG-4"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        if plan.load_full_state_dict_on_device:
+            return swapped(dit, TensorReader=WholeFileReader)
+        return contextlib.nullcontext()
+
+
+class OffloadsBeforeProcessing(DiTDefect):
+    """Moves a deferred component to CPU before its weights are processed, so processing runs
+    on CPU (FP8-2)."""
+
+    name = "broken-offloads-before-processing"
+    breaks = frozenset({"FP8-2"})
+    also_fails = MappingProxyType(
+        {"FP8-3": "the load -> process -> offload test pins FP8-2 and FP8-3 together"}
+    )
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        if not plan.defer_cpu_offload or fsdp:  # FSDP drops the deferral (FP8-4)
+            return contextlib.nullcontext()
+
+        def offload_then_process(module: nn.Module, **options: Any) -> int:
+            offload_to_cpu(module)
+            return process_weights(module, **options)
+
+        return swapped(dit, process_weights=offload_then_process)
+
+
+class IgnoresFsdp(DiTDefect):
+    """Loads as if FSDP were off: keeps the post-process override and the deferral (FP8-4)."""
+
+    name = "broken-ignores-fsdp"
+    breaks = frozenset({"FP8-4"})
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        return super().load_dit(
+            build,
+            checkpoint,
+            plan=plan,
+            kinds=kinds,
+            quantization=quantization,
+            component=component,
+        )
+
+
+class FallsBackToUnquantized(DiTDefect):
+    """When the quantized load fails, loads again without quantization (FP8-5)."""
+
+    name = "broken-falls-back-to-unquantized"
+    breaks = frozenset({"FP8-5"})
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        try:
+            return super().load_dit(
+                build,
+                checkpoint,
+                plan=plan,
+                kinds=kinds,
+                quantization=quantization,
+                fsdp=fsdp,
+                component=component,
+            )
+        except QuantizationLoadError:
+            unquantized = self.default_plan(plan.checkpoint_load_device)
+            return super().load_dit(
+                build, checkpoint, plan=unquantized, kinds=kinds, fsdp=fsdp, component=component
+            )
+
+
+def offload_as_float32(module: nn.Module) -> None:
+    """Moves to CPU and upcasts floating tensors (float8 included) to float32 on the way."""
+    module.to(device="cpu", dtype=torch.float32)
+
+
+class UpcastsOnOffload(DiTDefect):
+    """The deferred move to CPU upcasts the processed FP8 weights to float32 (FP8-6)."""
+
+    name = "broken-upcasts-on-offload"
+    breaks = frozenset({"FP8-6"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(dit, offload_to_cpu=offload_as_float32)

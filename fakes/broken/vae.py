@@ -1,0 +1,288 @@
+"""Broken direct VAE loading: one step of `reference.vae.load_vae` done wrong each (VAE-1..13)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+
+from fakes.broken.base import BrokenAdapter, swapped
+from fakes.broken.readers import WholeFileReader
+from reference import stream, vae, vae_postload
+from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
+from reference.errors import ComponentCheckpointUnsupportedError, StateDictABIError
+from reference.plan import WeightLoadPlan
+from reference.quantization import QuantizationSpec
+from reference.report import LoadReport, TensorRecord
+from reference.slots import Slot
+from reference.stream import StreamPlan, grad_allowed
+
+CPU = torch.device("cpu")
+reference_preflight = stream.preflight
+reference_stream = stream.stream
+reference_rebuild = vae_postload.rebuild_non_persistent_buffers
+
+
+class VAEDefect(BrokenAdapter):
+    """A loader whose VAE loads (and slot checks) run the reference with `swaps` in force, on
+    `options`, then `after`."""
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        """What this loader does differently while it loads a VAE or lists its slots."""
+        return contextlib.nullcontext()
+
+    def options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The load options this loader acts on."""
+        return options
+
+    def after(self, module: nn.Module) -> None:
+        """What this loader does to a loaded VAE before handing it out."""
+
+    def vae_state_slots(self, module: nn.Module) -> frozenset[str]:
+        with self.swaps():
+            return super().vae_state_slots(module)
+
+    def load_vae(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[nn.Module, LoadReport]:
+        options = self.options(
+            {
+                "device": device,
+                "component": component,
+                "config": config,
+                "quantization": quantization,
+                "decode_dtype": decode_dtype,
+                "channels_last_3d": channels_last_3d,
+            }
+        )
+        with self.swaps():
+            module, report = super().load_vae(build, checkpoint, **options)
+        self.after(module)
+        return module, report
+
+
+class ReadsWholeVaeCheckpoint(VAEDefect):
+    """Materialises the whole checkpoint as a CPU state dict before filling the slots (VAE-1)."""
+
+    name = "broken-reads-whole-vae-checkpoint"
+    breaks = frozenset({"VAE-1"})
+    also_fails = MappingProxyType(
+        {
+            "VAE-13": "both tests of VAE-13 pin VAE-1 too",
+            "CKPT-2": "the sharded VAE test pins that each tensor is read once, on its own",
+        }
+    )
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, TensorReader=WholeFileReader)
+
+
+def drop_unknown(
+    checkpoint: Checkpoint, slots: Mapping[str, Slot], *, component: str
+) -> StreamPlan:
+    """Preflight with `strict=False` on the file side: tensors without a slot are skipped."""
+    known = {name: info for name, info in checkpoint.tensors.items() if name in slots}
+    kept = dataclasses.replace(checkpoint, tensors=known)
+    return reference_preflight(kept, slots, component=component)
+
+
+class DropsUnknownTensors(VAEDefect):
+    """Skips checkpoint tensors that match no slot, entries for non-persistent buffers
+    included, instead of refusing them (VAE-4, VAE-7)."""
+
+    name = "broken-drops-unknown-tensors"
+    breaks = frozenset({"VAE-4", "VAE-7"})
+    also_fails = MappingProxyType(
+        {"CKPT-3": "the per-tensor refusal tests pin the header check CKPT-3 with VAE-7"}
+    )
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, preflight=drop_unknown)
+
+
+def accept_anything(
+    module: nn.Module, filled: Mapping[str, torch.Tensor], *, component: str
+) -> None:
+    """Trusts that the module's hooks left the streamed state alone."""
+
+
+class SkipsStateCheckAfterHooks(VAEDefect):
+    """Does not check that the state after the module's hooks is what was streamed, so
+    parameters a hook registered late go unnoticed (VAE-5)."""
+
+    name = "broken-skips-state-check"
+    breaks = frozenset({"VAE-5"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, check_state_kept=accept_anything)
+
+
+def stream_in_file_dtype(
+    reader: TensorReader, slots: Mapping[str, Slot], plan: StreamPlan, *, device: torch.device
+) -> tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]:
+    """Streams each tensor in the dtype the file has, not the slot's."""
+    as_file = {
+        name: dataclasses.replace(slot, dtype=reader.checkpoint.tensors[name].dtype)
+        for name, slot in slots.items()
+    }
+    return reference_stream(reader, as_file, plan, device=device)
+
+
+class KeepsFileDtype(VAEDefect):
+    """Lets the file decide dtypes: a bfloat16 tensor lands in a float32 slot as bfloat16
+    (VAE-7)."""
+
+    name = "broken-keeps-file-dtype"
+    breaks = frozenset({"VAE-7"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, stream=stream_in_file_dtype)
+
+
+def ignore_missing(
+    checkpoint: Checkpoint, slots: Mapping[str, Slot], *, component: str
+) -> StreamPlan:
+    """Preflight with `strict=False` on the module side: slots the file lacks are not checked."""
+    present = {name: slot for name, slot in slots.items() if name in checkpoint.tensors}
+    return reference_preflight(checkpoint, present, component=component)
+
+
+class ToleratesMissingSlots(VAEDefect):
+    """Starts streaming although the checkpoint lacks tensors for some slots; the gap shows
+    only after every tensor was read (VAE-8, and CKPT-3: the headers said so before)."""
+
+    name = "broken-tolerates-missing-slots"
+    breaks = frozenset({"VAE-8", "CKPT-3"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, preflight=ignore_missing)
+
+
+def rebuild_what_can_be_rebuilt(
+    module: nn.Module, *, device: torch.device, component: str
+) -> tuple[str, ...]:
+    """Runs the modules' rebuild hooks and lets buffers nothing rebuilt stay on meta."""
+    try:
+        return reference_rebuild(module, device=device, component=component)
+    except StateDictABIError:
+        return ()
+
+
+class LetsMetaBuffersThrough(VAEDefect):
+    """Hands out a VAE whose non-persistent buffers nothing rebuilt: they stay on meta until
+    decode time (VAE-9)."""
+
+    name = "broken-lets-meta-buffers-through"
+    breaks = frozenset({"VAE-9"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, rebuild_non_persistent_buffers=rebuild_what_can_be_rebuilt)
+
+
+class FreezesStreamedParameters(VAEDefect):
+    """Sets requires_grad=False on every streamed parameter (VAE-10)."""
+
+    name = "broken-freezes-parameters"
+    breaks = frozenset({"VAE-10"})
+
+    def after(self, module: nn.Module) -> None:
+        module.requires_grad_(False)
+
+
+class IgnoresChannelsLast(VAEDefect):
+    """Never applies `channels_last_3d` to a streamed VAE (VAE-11)."""
+
+    name = "broken-ignores-channels-last"
+    breaks = frozenset({"VAE-11"})
+
+    def options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {**options, "channels_last_3d": False}
+
+
+class FallsBackForQuantizedVae(VAEDefect):
+    """When direct streaming refuses a quantized (or custom-code) VAE, silently loads it the
+    generic way instead: built normally, its state dict copied in (VAE-12)."""
+
+    name = "broken-falls-back-for-quantized-vae"
+    breaks = frozenset({"VAE-12"})
+
+    def load_vae(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[nn.Module, LoadReport]:
+        try:
+            return super().load_vae(
+                build,
+                checkpoint,
+                device=device,
+                component=component,
+                config=config,
+                quantization=quantization,
+                decode_dtype=decode_dtype,
+                channels_last_3d=channels_last_3d,
+            )
+        except ComponentCheckpointUnsupportedError:
+            module = build()
+            reader = TensorReader(open_checkpoint(checkpoint))
+            module.load_state_dict({name: reader.read(name, device=CPU) for name in reader})
+            records = tuple(
+                TensorRecord(n, "copied", t.nbytes) for n, t in module.state_dict().items()
+            )
+            plan = WeightLoadPlan(checkpoint_load_device=CPU)
+            return module.to(device), LoadReport(component, plan, records)
+
+
+def fill_with_file_view(reader: TensorReader, slot: Slot, *, device: torch.device) -> torch.Tensor:
+    """On a CPU target, the slot takes the file map's view itself (converted only when the
+    dtype differs) instead of its own storage."""
+    if device.type != "cpu":
+        return reference_fill_slot(reader, slot, device=device)
+    source = reader.read(slot.name, device=CPU)
+    tensor = source if source.dtype == slot.dtype else source.to(slot.dtype)
+    if not slot.is_parameter:
+        slot.owner._buffers[slot.attr] = tensor
+        return tensor
+    previous = slot.owner._parameters[slot.attr]
+    param = nn.Parameter(tensor, requires_grad=slot.requires_grad and grad_allowed(slot.dtype))
+    if previous is not None:
+        param.__dict__.update(previous.__dict__)
+    slot.owner._parameters[slot.attr] = param
+    return param
+
+
+reference_fill_slot = stream.fill_slot
+
+
+class CpuStreamKeepsFileViews(VAEDefect):
+    """The CPU target branch differs from the device branch: slots hold views into the
+    checkpoint's file map, not tensors of their own (VAE-13)."""
+
+    name = "broken-cpu-stream-keeps-file-views"
+    breaks = frozenset({"VAE-13"})
+    also_fails = MappingProxyType({"VAE-1": "both tests of VAE-13 pin VAE-1 too"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(stream, fill_slot=fill_with_file_view)

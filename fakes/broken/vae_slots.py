@@ -1,0 +1,53 @@
+"""Broken state-dict ABI checks of direct VAE loading: functions, hooks, tied state (VAE-2,3,6)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from fakes.broken.base import swapped
+from fakes.broken.vae import VAEDefect
+from reference import slots
+
+
+class ChecksOnlyStateDict(VAEDefect):
+    """Checks that `state_dict` is torch's own, but not `load_state_dict`,
+    `_load_from_state_dict` or `_save_to_state_dict` (VAE-2, on submodules VAE-3)."""
+
+    name = "broken-checks-only-state-dict"
+    breaks = frozenset({"VAE-2", "VAE-3"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(slots, ABI_FUNCTIONS=("state_dict",))
+
+
+class IgnoresUserHooks(VAEDefect):
+    """Checks the state-dict functions of every submodule but not their hooks (VAE-3)."""
+
+    name = "broken-ignores-user-hooks"
+    breaks = frozenset({"VAE-3"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(slots, HOOK_TABLES={})
+
+
+def no_tie_check(
+    module: nn.Module,
+    entries: list[tuple[str, nn.Module, str, torch.Tensor, bool]],
+    *,
+    component: str,
+) -> None:
+    """Lets tied entries through: each name becomes a slot of its own."""
+
+
+class AllowsTiedState(VAEDefect):
+    """Lets a tied VAE through: each tied name is streamed into its own tensor, untying them
+    (VAE-6)."""
+
+    name = "broken-allows-tied-state"
+    breaks = frozenset({"VAE-6"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(slots, _refuse_tied=no_tie_check)

@@ -1,0 +1,136 @@
+"""The suite catches bad loaders: each broken loader fails exactly the rules its defect breaks.
+
+Every case runs, in process, the contract test files that name the rules a broken loader is
+expected to fail (`breaks` and `also_fails`), with `--loader=fakes.broken:<Loader>`, and reads
+the JSON report: the run must fail, and its failed rules must be exactly the expected ones, so a
+defect that slips through, or spills into rules it should not touch, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import fakes.broken
+from fakes.broken import BROKEN, BrokenAdapter
+from reference.adapter import ReferenceAdapter
+from reference.rules import BY_ID, RULES
+
+pytestmark = pytest.mark.internal
+
+UNIT = Path(__file__).resolve().parent
+# It starts two ranks in fresh processes (seconds each); the in-process TP test pins its rules.
+SLOW = "tests/unit/test_tp.py::test_tp2_over_torch_distributed"
+# Their tests still call reference.checkpoint directly rather than through the adapter, so no
+# broken loader has to fail them (a few are reached through the adapter and do fail).
+NOT_REQUIRED = frozenset({"CKPT-1", "CKPT-2", "CKPT-3", "CKPT-4", "CKPT-5"})
+QUOTED_RULE = re.compile(r"[\"']([A-Z0-9]+-\d+)[\"']")
+
+
+def contract_files(rules: frozenset[str]) -> list[Path]:
+    """The contract test files (not the suite's internal ones) that mention any of `rules`."""
+    files = []
+    for path in sorted(UNIT.glob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "pytestmark = pytest.mark.internal" in text:
+            continue
+        if rules & set(QUOTED_RULE.findall(text)):
+            files.append(path)
+    return files
+
+
+@pytest.fixture(autouse=True)
+def suite_under_test(request: pytest.FixtureRequest) -> None:
+    """These runs judge the suite, not the loader under test: the CPU tier with the reference
+    runs them; a run judging another loader, or the gpu tier, skips them."""
+    conformance = request.config.pluginmanager.get_plugin("conformance")
+    if type(conformance.adapter) is not ReferenceAdapter or conformance.device != "cpu":
+        pytest.skip("judges the suite itself: runs in the CPU tier with the reference loader")
+
+
+def failed_rules(
+    spec: str, files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> set[str]:
+    """Run `files` against the loader `spec` names; the rules its report marks failed.
+
+    `pytest.main` runs in this process: torch cannot import its modules twice, so the run must
+    not drop what it imported (as pytester's in-process runs do), and a fresh interpreter per
+    loader would cost seconds each. Only the plugin the contract tests use is loaded, and the
+    unraisable-exception plugin, whose forced garbage collections cost a second a run, is off.
+    """
+    report_path = tmp_path / "report.json"
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    code = pytest.main(
+        [
+            *map(str, files),
+            f"--loader={spec}",
+            f"--conformance-report={report_path}",
+            "--runtime-device=cpu",
+            "-m",
+            "not internal",
+            "--deselect",
+            SLOW,
+            f"--basetemp={tmp_path / 'run'}",
+            "-p",
+            "pytest_mock",
+            "-p",
+            "no:unraisableexception",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--no-header",
+            "--tb=line",
+        ]
+    )
+    assert code == pytest.ExitCode.TESTS_FAILED
+    report = json.loads(report_path.read_text())
+    return {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
+
+
+@pytest.mark.parametrize("adapter", BROKEN, ids=lambda cls: cls.__name__)
+def test_the_suite_fails_exactly_the_rules_the_defect_breaks(
+    adapter: type[BrokenAdapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = contract_files(adapter.expected_failures())
+    failed = failed_rules(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
+    assert adapter.breaks <= failed, f"the suite misses the defect: {adapter.__doc__}"
+    assert failed == adapter.expected_failures()
+
+
+def test_every_must_rule_is_broken_by_some_loader() -> None:
+    broken = frozenset().union(*(adapter.breaks for adapter in BROKEN))
+    must = {rule.id for rule in RULES if rule.level == "MUST"}
+    assert sorted(must - broken - NOT_REQUIRED) == []
+
+
+def test_broken_loaders_are_well_formed() -> None:
+    names = [adapter.name for adapter in BROKEN]
+    assert len(set(names)) == len(names)
+    assert all(name.startswith("broken-") for name in names)
+    defined, todo = set(), [BrokenAdapter]
+    while todo:
+        subclasses = todo.pop().__subclasses__()
+        defined.update(cls for cls in subclasses if cls.breaks)
+        todo.extend(subclasses)
+    assert defined == set(BROKEN), "every broken loader is listed in fakes.broken.BROKEN"
+    assert all(getattr(fakes.broken, cls.__name__) is cls for cls in BROKEN)
+    for adapter in BROKEN:
+        assert adapter.breaks, adapter.__name__
+        assert adapter.breaks | set(adapter.also_fails) <= set(BY_ID), adapter.__name__
+        assert not adapter.breaks & set(adapter.also_fails), adapter.__name__
+        assert all(adapter.also_fails.values()), f"{adapter.__name__}: every extra has a reason"
+        assert adapter.__doc__, adapter.__name__
+
+
+@pytest.mark.parametrize(
+    "spec", ["reference.baseline:PlainLoadStateDict", "reference.baseline:PlainAssign"]
+)
+def test_plain_pytorch_loading_fails_every_zero_copy_and_vae_rule(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judged = frozenset(r.id for r in RULES if r.level == "MUST" and r.section in ("ZC", "VAE"))
+    failed = failed_rules(spec, contract_files(judged), tmp_path, monkeypatch)
+    assert sorted(judged - failed) == []
