@@ -27,6 +27,11 @@ from fakes.broken.admission import (
     StreamsVaesByDefault,
 )
 from fakes.broken.base import BrokenAdapter
+from fakes.broken.checkpoints import (
+    IgnoresShardIndex,
+    SafetensorsLibraryErrors,
+    UnpicklesLegacyCheckpoints,
+)
 from fakes.broken.dit import (
     AdoptsSharedBytesTwice,
     CopiesWithoutWeightLoader,
@@ -136,5 +141,9 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     IgnoresCheckpointQuantization,
     ChecksOnlyTheMainTransformer,
     NoMemoryMargin,
+    # checkpoints
+    UnpicklesLegacyCheckpoints,
+    IgnoresShardIndex,
+    SafetensorsLibraryErrors,
 )
 """Every broken loader, in catalogue order."""

@@ -279,7 +279,9 @@ class CopiesInDirectMode(PredicateDefect):
 
     name = "broken-copies-in-direct-mode"
     breaks = frozenset({"DG-5"})
-    also_fails = MappingProxyType({})
+    also_fails = MappingProxyType(
+        {"ZC-12": "the direct-mode aliasing test pins one adoption per bytes with DG-5"}
+    )
 
     def ask(self, q: Question) -> Verdict:
         verdict = reference(q)

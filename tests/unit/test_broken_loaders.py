@@ -16,7 +16,7 @@ import pytest
 
 import fakes.broken
 from fakes.broken import BROKEN, BrokenAdapter
-from reference.adapter import ReferenceAdapter
+from reference.reference_adapter import ReferenceAdapter
 from reference.rules import BY_ID, RULES
 
 pytestmark = pytest.mark.internal
@@ -26,7 +26,7 @@ UNIT = Path(__file__).resolve().parent
 SLOW = "tests/unit/test_tp.py::test_tp2_over_torch_distributed"
 # Their tests still call reference.checkpoint directly rather than through the adapter, so no
 # broken loader has to fail them (a few are reached through the adapter and do fail).
-NOT_REQUIRED = frozenset({"CKPT-1", "CKPT-2", "CKPT-3", "CKPT-4", "CKPT-5"})
+NOT_REQUIRED: frozenset[str] = frozenset()
 QUOTED_RULE = re.compile(r"[\"']([A-Z0-9]+-\d+)[\"']")
 
 
