@@ -19,6 +19,18 @@ from fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 from reference.adopt import LinearKinds
 
 
+def _rank_slice(
+    tp_rank: int, param: torch.Tensor, loaded: torch.Tensor, dim_attribute: str
+) -> torch.Tensor:
+    """This rank's slice of `loaded` along the parameter's sharded dim (`input_dim` or
+    `output_dim`); the whole tensor when the parameter has no such dim or is already sharded."""
+    dim = getattr(param, dim_attribute, None)
+    if dim is None or getattr(param, "is_sharded_weight", False):
+        return loaded
+    size = param.shape[dim]
+    return loaded.narrow(dim, tp_rank * size, size)
+
+
 def _check_and_copy(layer: nn.Module, param: torch.Tensor, loaded: torch.Tensor) -> None:
     assert param.shape == loaded.shape, (
         f"{type(layer).__name__}: loaded shape {tuple(loaded.shape)} does not match"
@@ -137,11 +149,7 @@ class ColumnParallelLinear(LinearBase):
         )
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
-        dim = getattr(param, "output_dim", None)
-        if dim is not None and not getattr(param, "is_sharded_weight", False):
-            size = param.shape[dim]
-            loaded = loaded.narrow(dim, self.tp_rank * size, size)
-        _check_and_copy(self, param, loaded)
+        _check_and_copy(self, param, _rank_slice(self.tp_rank, param, loaded, "output_dim"))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -219,11 +227,7 @@ class RowParallelLinear(LinearBase):
         )
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
-        dim = getattr(param, "input_dim", None)
-        if dim is not None and not getattr(param, "is_sharded_weight", False):
-            size = param.shape[dim]
-            loaded = loaded.narrow(dim, self.tp_rank * size, size)
-        _check_and_copy(self, param, loaded)
+        _check_and_copy(self, param, _rank_slice(self.tp_rank, param, loaded, "input_dim"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.quant_method.apply(self, x, None)
