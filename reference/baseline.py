@@ -29,9 +29,10 @@ from torch import nn
 from reference.adapter import VAE_STREAM, ZERO_COPY, PlanLike
 from reference.adopt import LinearKinds, Verdict
 from reference.errors import StateMismatchError
-from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
+from reference.plan import WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec
+from reference.reference_adapter import ReferencePlans
 from reference.report import LoadReport, TensorRecord
 
 CPU = torch.device("cpu")
@@ -60,57 +61,15 @@ def load_file(path: str | os.PathLike[str], device: torch.device) -> dict[str, t
     return state
 
 
-class PlainLoadStateDict:
+class PlainLoadStateDict(ReferencePlans):
     """`load_file` + `load_state_dict`: every tensor is copied into a model that has storage."""
 
     name = "plain-load_state_dict"
     capabilities: frozenset[str] = frozenset({ZERO_COPY, VAE_STREAM})
     assign: ClassVar[bool] = False
 
-    # --- the plan values the zero-copy tests pass in (PLANS is not declared) ------------------
-    def plan_for_component(
-        self,
-        *,
-        checkpoint_load_device: torch.device,
-        needs_device_weight_postprocess: bool,
-        component_cpu_offload: bool,
-        load_full_state_dict_on_device: bool = False,
-    ) -> WeightLoadPlan:
-        return WeightLoadPlan.for_component(
-            checkpoint_load_device=checkpoint_load_device,
-            needs_device_weight_postprocess=needs_device_weight_postprocess,
-            component_cpu_offload=component_cpu_offload,
-            load_full_state_dict_on_device=load_full_state_dict_on_device,
-        )
-
-    def default_plan(self, runtime_device: torch.device) -> WeightLoadPlan:
-        return WeightLoadPlan.default(runtime_device)
-
-    def make_plan(
-        self,
-        *,
-        checkpoint_load_device: torch.device,
-        weight_postprocess_device: torch.device | None,
-        defer_cpu_offload: bool,
-        load_full_state_dict_on_device: bool,
-    ) -> WeightLoadPlan:
-        return WeightLoadPlan(
-            checkpoint_load_device=checkpoint_load_device,
-            weight_postprocess_device=weight_postprocess_device,
-            defer_cpu_offload=defer_cpu_offload,
-            load_full_state_dict_on_device=load_full_state_dict_on_device,
-        )
-
-    def resolve_checkpoint_load_device(
-        self,
-        runtime_device: torch.device,
-        *,
-        component_cpu_offload: bool,
-        quantization: QuantizationSpec | None,
-    ) -> torch.device:
-        return resolve_checkpoint_load_device(
-            runtime_device, component_cpu_offload=component_cpu_offload, quantization=quantization
-        )
+    # The zero-copy tests pass plans in; the reference's plan values serve (PLANS is not
+    # declared, so no plan rule is judged on this adapter).
 
     def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
         return False  # nothing is processed after loading

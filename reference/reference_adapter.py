@@ -43,13 +43,9 @@ from reference.quantization import QuantizationSpec, requires_device_weight_proc
 from reference.report import LoadReport
 
 
-class ReferenceAdapter:
-    """The reference loader behind the seam. It declares every capability it implements."""
+class ReferencePlans:
+    """The reference's plan methods (PLAN, DEV, FP8-1), shared with adapters that reuse them."""
 
-    name = "reference"
-    capabilities: frozenset[str] = frozenset({PLANS})
-
-    # --- plans --------------------------------------------------------------------------------
     def plan_for_component(
         self,
         *,
@@ -96,6 +92,13 @@ class ReferenceAdapter:
 
     def requires_device_weight_processing(self, quantization: QuantizationSpec | None) -> bool:
         return requires_device_weight_processing(quantization)
+
+
+class ReferenceAdapter(ReferencePlans):
+    """The reference loader behind the seam. It declares every capability it implements."""
+
+    name = "reference"
+    capabilities: frozenset[str] = frozenset({PLANS})
 
     # --- DiT: zero-copy, copy path, direct mode, FP8 defer, TP ---------------------------------
     def zero_copy_verdict(
