@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -42,6 +42,18 @@ class Seal:
             for path, digest in self.hashes.items()
             if not path.is_file() or file_hash(path) != digest
         ]
+
+
+def sealing() -> Iterator[Seal]:
+    """One test's seal: every checkpoint file the test hands a loader is hashed before the load,
+    and after the test something must have been sealed and every sealed file be intact.
+
+    Test modules make it their autouse fixture: `sealed = pytest.fixture(autouse=True)(sealing)`.
+    """
+    seal = Seal()
+    yield seal
+    assert seal.roots, "the test sealed no checkpoint"
+    assert seal.broken() == []
 
 
 def failure_of(load: Callable[[], object], *, seconds: float = 120.0) -> BaseException:
