@@ -1,7 +1,8 @@
 """Watching a load from outside: the files it must not write, the error it must raise.
 
 `Seal`: loaders never write a checkpoint file (CKPT-5, ZC-13). A test seals the files it wrote
-before it hands them to a loader; `broken()` lists every sealed file whose bytes changed since.
+before it hands them to a loader; `broken()` lists every sealed file whose bytes changed since,
+and every file that appeared under a sealed folder (a cache or lock a loader left beside them).
 
 `failure_of`: a load of bad input must end in an error (CKPT-4): not hang, and not return a model.
 """
@@ -36,12 +37,18 @@ class Seal:
                     self.hashes[file] = file_hash(file)
 
     def broken(self) -> list[str]:
-        """Sealed files whose bytes changed, or that are gone; empty when all are intact."""
-        return [
+        """Sealed files whose bytes changed or that are gone, and files created under a sealed
+        folder since; empty when all are intact."""
+        changed = [
             f"{path}: {'gone' if not path.is_file() else 'bytes changed'}"
             for path, digest in self.hashes.items()
             if not path.is_file() or file_hash(path) != digest
         ]
+        folders = [root for root in self.roots if root.is_dir()]
+        created = sorted(
+            {p for root in folders for p in root.rglob("*") if p.is_file()} - set(self.hashes)
+        )
+        return changed + [f"{path}: created after sealing" for path in created]
 
 
 def sealing() -> Iterator[Seal]:

@@ -1,10 +1,12 @@
 """Zero-copy adoption and the full-state load of a module built on `meta` (ZC-1..12, DG-5).
 
 A checkpoint tensor may *become* a parameter's storage only when a TP=1 linear loader would do
-nothing but copy it (ZC-1..8). Every other tensor goes through a fresh tensor on the checkpoint
-load device, filled by the layer's own `weight_loader` (which shards for TP>1), or copied as is
-when the parameter has none. The predicate's verdict carries the first failing condition, which
-the load report keeps as the reason of each copy (ZC-14).
+nothing but copy it (ZC-1..8), or when the parameter has no `weight_loader` at all and the tensor
+already fits it (ZC-2b: plain torch layers, every diffusers model). Every other tensor goes
+through a fresh tensor on the checkpoint load device, filled by the layer's own `weight_loader`
+(which shards for TP>1), or converted once when the parameter has none. The predicate's verdict
+carries the first failing condition, which the load report keeps as the reason of each copy
+(ZC-14).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Verdict:
 ADOPT = Verdict(True)
 # The reason a tensor is copied when the caller turned adoption off (the benchmark's copy path).
 ADOPTION_DISABLED = "adoption disabled by the caller"
+# Persistent buffers are copied: ZC-2b speaks of parameters, and a buffer is small.
+BUFFER_COPIED = "ZC-11: a persistent buffer, not a parameter: copied"
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -87,7 +91,9 @@ def _refusal(
         return f"DG-5: checkpoint tensor is on {where}, not the load device {direct_device}"
     loader = param.__dict__.get("weight_loader")
     if loader is None:
-        return "ZC-2: parameter has no weight_loader"
+        # A plain-torch parameter: nothing but a copy could happen to it, so it is adopted when
+        # it is a plain Parameter with no special flag and the tensor already fits (ZC-2b).
+        return _plain_refusal(param) or _shape_and_layout(checkpoint_tensor, target)
     if not isinstance(loader, MethodType):
         return f"ZC-2: weight_loader is a {type(loader).__name__}, not a bound method"
     owner = loader.__self__
@@ -108,12 +114,16 @@ def _refusal(
         tp_size = getattr(owner, "tp_size", None)  # read now: it may change after construction
         if tp_size != 1:
             return f"ZC-5: tp_size is {tp_size}"
+    return _plain_refusal(param) or _shape_and_layout(checkpoint_tensor, target)
+
+
+def _plain_refusal(param: torch.Tensor) -> str | None:
     if type(param) is not nn.Parameter:
         return f"ZC-6: parameter type is {type(param).__name__}, not Parameter"
     for flag in SPECIAL_FLAGS:
         if param.__dict__.get(flag, False):
             return f"ZC-7: parameter flag {flag} is set"
-    return _shape_and_layout(checkpoint_tensor, target)
+    return None
 
 
 def zero_copy_verdict(
@@ -133,6 +143,10 @@ def zero_copy_verdict(
         kinds: the standard linear classes and the unquantized method.
         direct_device: None for the ordinary rule (the tensor must be on CPU, ZC-1); in direct
             mode the load device, where the tensor must be instead (DG-5).
+
+    A parameter without `weight_loader` (plain torch: `nn.Linear`, norms, embeddings) skips
+    ZC-2..5, which are about the layer that would copy it: it is adopted when ZC-1, ZC-6..8
+    hold (ZC-2b).
 
     Returns:
         ADOPT, or a copy verdict whose reason starts with the first failing rule ID.
@@ -302,13 +316,14 @@ def load_full_state(
         if name in loaded:
             raise StateMismatchError(f"checkpoint tensor {name!r} is given twice")
         tensor = read if same_device(read.device, load_device) else read.to(load_device)
-        verdict = (
-            zero_copy_verdict(
+        if not adopt:
+            verdict = Verdict(False, ADOPTION_DISABLED)
+        elif not slot.is_parameter:
+            verdict = Verdict(False, BUFFER_COPIED)
+        else:
+            verdict = zero_copy_verdict(
                 slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
             )
-            if adopt
-            else Verdict(False, ADOPTION_DISABLED)
-        )
         if verdict.adopt:
             clash = adopted.clash(tensor)
             if clash is not None:

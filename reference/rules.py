@@ -48,6 +48,7 @@ RULES: tuple[Rule, ...] = (
     # ZC: zero-copy adoption of CPU checkpoint tensors
     Rule("ZC-1", M, U, "Adoption needs the checkpoint tensor on CPU"),
     Rule("ZC-2", M, U, "Adoption needs a bound-method weight_loader on the parameter"),
+    Rule("ZC-2b", M, U, "A parameter without weight_loader takes the tensor directly, no copy"),
     Rule("ZC-3", M, U, "Adoption needs a standard linear owner using its own weight loader"),
     Rule("ZC-4", M, U, "Adoption needs the owner's quant method to be the unquantized one"),
     Rule("ZC-5", M, U, "Adoption needs tp_size == 1 (read at call time) for parallel owners"),

@@ -30,6 +30,7 @@ from reference.expectations import (
     expected_reason,
     read_expectations,
 )
+from reference.reference_adapter import ReferenceAdapter
 from reference.rules import BY_ID
 from reference.selection import ENV_VAR, Selection, SelectionError, select_adapter
 
@@ -38,6 +39,9 @@ MARKERS = (
     "internal: a test of the suite's own machinery; names no contract rule",
     "capability(name): the adapter capability this test needs; skipped when the loader under"
     " test does not declare it",
+    "reference_only(why): judges the reference alone (its wording, reasons or internals); runs"
+    " only when the loader under test is exactly ReferenceAdapter, and counts toward no rule"
+    " of another loader",
 )
 
 
@@ -108,9 +112,17 @@ class Conformance:
             f"runtime device: {self.device}; {platform.describe()}",
         ]
 
+    @property
+    def judges_reference(self) -> bool:
+        """Whether the loader under test is the reference itself (not a subclass or wrapper)."""
+        return type(self.adapter) is ReferenceAdapter
+
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            self.rules[item.nodeid] = tuple(i for m in item.iter_markers("rule") for i in m.args)
+            rules = tuple(i for m in item.iter_markers("rule") for i in m.args)
+            if item.get_closest_marker("reference_only") and not self.judges_reference:
+                rules = ()  # it cannot judge this loader: it credits and blames nothing
+            self.rules[item.nodeid] = rules
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if not self.judging or session.testsfailed:
@@ -124,6 +136,10 @@ class Conformance:
             )
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        only = item.get_closest_marker("reference_only")
+        if only is not None and not self.judges_reference:
+            why = only.args[0] if only.args else "it checks the reference's own code"
+            pytest.skip(f"judges the reference alone: {why}")
         for marker in item.iter_markers("capability"):
             for capability in marker.args:
                 if capability not in self.adapter.capabilities:

@@ -1,0 +1,52 @@
+"""Judging a refusal by the contract, not by the reference's wording ("How a rule is judged").
+
+A refused request raises an instance of the documented error type (a `ValueError` unless a rule
+names another) and its message names the offending thing: the flag, component, tensor or file.
+The rest of the wording is the loader's choice. "Before any state changed" is the test's own
+check (the module untouched, the files unread: see `fakes.evidence`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+
+def refusal(
+    call: Callable[[], object], *names: str, error: type[BaseException] = ValueError
+) -> BaseException:
+    """Run `call`, which must refuse; return what it raised.
+
+    Args:
+        call: the request under test.
+        names: what the message must name (each a substring of it, exactly as given).
+        error: the documented error type; any subclass passes.
+
+    Raises:
+        AssertionError: `call` returned, raised another type, or left a name out.
+    """
+    try:
+        result = call()
+    except error as raised:
+        assert_names(raised, *names)
+        return raised
+    raise AssertionError(
+        f"expected a refusal ({error.__name__}) naming {', '.join(map(repr, names)) or 'nothing'};"
+        f" the call returned {type(result).__name__}"
+    )
+
+
+def assert_names(raised: BaseException, *names: str) -> None:
+    """The error's message names each of `names`."""
+    message = str(raised)
+    left_out = [name for name in names if name not in message]
+    assert not left_out, f"the refusal does not name {left_out}: {message!r}"
+
+
+def chain(raised: BaseException) -> Iterator[BaseException]:
+    """The error, then each error it was raised from or during, without cycles."""
+    seen: list[BaseException] = []
+    current: BaseException | None = raised
+    while current is not None and all(current is not s for s in seen):
+        seen.append(current)
+        yield current
+        current = current.__cause__ or current.__context__
