@@ -125,6 +125,16 @@ def test_broken_loaders_are_well_formed() -> None:
         assert adapter.__doc__, adapter.__name__
 
 
+def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decision right, every error a different class and message, no reasons: the suite
+    judges what a loader does, so only ZC-14 (the report's reasons) may fail."""
+    files = contract_files(frozenset(BY_ID))
+    failed = failed_rules("fakes.reworded:RewordedAdapter", files, tmp_path, monkeypatch)
+    assert failed == {"ZC-14"}
+
+
 @pytest.mark.parametrize(
     "spec", ["reference.baseline:PlainLoadStateDict", "reference.baseline:PlainAssign"]
 )

@@ -1,4 +1,5 @@
-"""The bad-input tests' own instruments can fail: the seal, `failure_of`, `survivors`, traps."""
+"""The suite's own instruments can fail: the seal, `failure_of`, `survivors`, traps, `refusal`,
+the read evidence and the reworded loader."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ from torch import nn
 from fakes.checkpoints import write_checkpoint
 from fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors, while_building
 from fakes.corrupt import small_state
+from fakes.evidence import DataReads, data_bytes, evidence_missing
 from fakes.guards import Seal, failure_of
+from fakes.judge import refusal
 from fakes.pickles import Trap
+from fakes.reworded import reworded_error, without_reasons
+from reference.adopt import Verdict
+from reference.errors import CheckpointError, StateMismatchError
+from reference.plan import WeightLoadPlan
+from reference.report import LoadReport, TensorRecord
 
 pytestmark = pytest.mark.internal
 
@@ -34,6 +42,16 @@ def test_seal_reports_changed_and_vanished_files_only(tmp_path: Path) -> None:
     ]
     seal.add(index)  # a test's own edit is sealed again
     assert seal.broken() == [f"{tmp_path / 'model-00001-of-00002.safetensors'}: gone"]
+
+
+def test_seal_reports_files_created_in_a_sealed_folder(tmp_path: Path) -> None:
+    write_checkpoint(small_state(), tmp_path / "ckpt")
+    seal = Seal()
+    seal.add(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "cache").mkdir()
+    (tmp_path / "ckpt" / "cache" / "model.lock").write_bytes(b"")
+    (tmp_path / "beside.txt").write_text("outside the sealed folder")
+    assert seal.broken() == [f"{tmp_path / 'ckpt' / 'cache' / 'model.lock'}: created after sealing"]
 
 
 def test_failure_of_returns_the_error_without_its_traceback() -> None:
@@ -95,3 +113,60 @@ def test_a_trap_leaves_its_marker_when_unpickled(tmp_path: Path, how: str) -> No
         torch.save({"proj.weight": Trap(marker)}, tmp_path / "control.pt")
         torch.load(tmp_path / "control.pt", weights_only=False)
     assert marker.exists()
+
+
+def test_refusal_needs_the_type_and_every_name() -> None:
+    def refuse() -> None:
+        raise KeyError("'vae' is unknown")  # a LookupError, not a ValueError
+
+    with pytest.raises(KeyError):
+        refusal(refuse, "vae")
+    with pytest.raises(AssertionError, match="returned int"):
+        refusal(lambda: 1, "vae")
+    with pytest.raises(AssertionError, match=r"does not name \['--flag'\]"):
+        refusal(lambda: int("vae"), "vae", "--flag")
+    error = refusal(lambda: int("vae"), "vae")
+    assert isinstance(error, ValueError)
+
+
+def test_data_reads_see_read_calls_and_touched_pages_but_not_headers(tmp_path: Path) -> None:
+    reason = evidence_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    path = write_checkpoint({"w": torch.randn(4 << 20)}, tmp_path)  # 16 MiB of data
+    data = data_bytes(path)
+    assert data == 16 << 20
+    with DataReads() as headers:
+        with path.open("rb") as f:
+            f.read(4096)
+    headers.assert_no_data_read(data)
+    assert headers.opened_any([path]) == [str(path)]
+    with DataReads() as reads, path.open("rb") as f:
+        f.read()
+    with pytest.raises(AssertionError, match="bytes were read"):
+        reads.assert_no_data_read(data)
+    with DataReads() as touches:
+        size = path.stat().st_size
+        storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+        torch.empty(0, dtype=torch.uint8).set_(storage).max()
+    with pytest.raises(AssertionError, match="was touched"):
+        touches.assert_no_data_read(data)
+
+
+def test_the_reworded_loader_keeps_types_and_names_but_no_words_or_reasons() -> None:
+    original = CheckpointError("ckpt/a.safetensors", "w.weight", "offsets overlap with w.bias")
+    new = reworded_error(original)
+    assert isinstance(new, CheckpointError)
+    assert type(new) is not CheckpointError
+    assert (new.file, new.entry) == (original.file, original.entry)
+    assert "offsets overlap" not in str(new)
+    assert all(word in str(new) for word in str(original).split())
+    plain = reworded_error(StateMismatchError("no checkpoint tensor for head.bias"))
+    assert type(plain).__mro__[1] is ValueError
+    report = LoadReport(
+        "transformer",
+        WeightLoadPlan(torch.device("cpu")),
+        (TensorRecord("w", "copied", 4, "ZC-5"),),
+    )
+    assert without_reasons((None, report))[1].records[0].reason is None
+    assert without_reasons(Verdict(False, "ZC-1: on meta")) == Verdict(False)

@@ -369,3 +369,44 @@ def test_adapter_capabilities_must_be_known_and_frozen(capabilities: object, mes
     adapter.capabilities = capabilities  # type: ignore[assignment]
     with pytest.raises(SelectionError, match=message):
         check_adapter(adapter)
+
+
+# --- tests that judge the reference alone -----------------------------------------------------
+
+REFERENCE_ONLY = """
+import pytest
+from reference.reference_adapter import ReferenceAdapter
+
+class Subclass(ReferenceAdapter):
+    name = "subclass"
+
+@pytest.mark.rule("PLAN-3")
+@pytest.mark.reference_only("it reads the reference's wording")
+def test_wording(loader):
+    assert loader.name == "reference"
+
+@pytest.mark.rule("PLAN-4")
+def test_behaviour(loader):
+    assert loader.name
+"""
+
+
+@pytest.mark.parametrize("spec", ["tinyloaders:Good", "test_only:Subclass"])
+def test_reference_only_tests_skip_and_credit_nothing_for_another_loader(
+    kit: pytest.Pytester, spec: str
+) -> None:
+    kit.makepyfile(test_only=REFERENCE_ONLY)
+    result, report = report_of(kit, "test_only.py", f"--loader={spec}")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED * judges the reference alone: it reads the reference's wording"]
+    )
+    assert report["rules"]["PLAN-3"]["status"] == "untested"
+    assert report["rules"]["PLAN-4"]["status"] == "passed"
+
+
+def test_reference_only_tests_judge_the_reference(kit: pytest.Pytester) -> None:
+    kit.makepyfile(test_only=REFERENCE_ONLY)
+    result, report = report_of(kit, "test_only.py")
+    result.assert_outcomes(passed=2)
+    assert report["rules"]["PLAN-3"]["status"] == "passed"
