@@ -34,6 +34,7 @@ from reference.reference_adapter import ReferenceAdapter
 from reference.rules import BY_ID
 from reference.selection import ENV_VAR, Selection, SelectionError, select_adapter
 
+RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller a test's rules
 MARKERS = (
     "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
     "internal: a test of the suite's own machinery; names no contract rule",
@@ -95,6 +96,9 @@ class Conformance:
         self.outcomes: dict[str, TestOutcome] = {}
         self.problems: list[str] = []
         self.aborted = False  # no report for a run refused before any test ran
+        # Under pytest-xdist, workers collect and run; the controller only sees their reports,
+        # which carry each test's rules (see pytest_runtest_makereport).
+        self.worker = hasattr(config, "workerinput")
 
     def pytest_report_header(self) -> list[str]:
         if self.expectations is None:
@@ -113,6 +117,11 @@ class Conformance:
         ]
 
     @property
+    def controller(self) -> bool:
+        """Whether this process is pytest-xdist's controller (xdist registers it after us)."""
+        return self.config.pluginmanager.hasplugin("dsession")
+
+    @property
     def judges_reference(self) -> bool:
         """Whether the loader under test is the reference itself (not a subclass or wrapper)."""
         return type(self.adapter) is ReferenceAdapter
@@ -124,16 +133,19 @@ class Conformance:
                 rules = ()  # it cannot judge this loader: it credits and blames nothing
             self.rules[item.nodeid] = rules
 
+    def nothing_to_judge(self, selected: int) -> str:
+        return (
+            f"no contract test was collected ({selected} test(s) selected, none names a rule),"
+            f" so {self.adapter.name!r} cannot be judged. Point pytest at the suite (tests/unit,"
+            " tests/gpu) and check -k / -m / --deselect."
+        )
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if not self.judging or session.testsfailed:
-            return  # collection errors are reported by pytest itself
+        if not self.judging or session.testsfailed or self.worker:
+            return  # collection errors are reported by pytest itself; xdist: the controller
         if not any(self.rules.get(item.nodeid) for item in session.items):
             self.aborted = True
-            raise pytest.UsageError(
-                f"no contract test was collected ({len(session.items)} test(s) selected, none "
-                f"names a rule), so {self.adapter.name!r} cannot be judged. Point pytest at the "
-                "suite (tests/unit, tests/gpu) and check -k / -m / --deselect."
-            )
+            raise pytest.UsageError(self.nothing_to_judge(len(session.items)))
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         only = item.get_closest_marker("reference_only")
@@ -152,7 +164,10 @@ class Conformance:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        reason = expected_reason(self.rules.get(item.nodeid, ()), self.expected)
+        rules = self.rules.get(item.nodeid, ())
+        if self.worker:
+            report.user_properties.append((RULES_PROPERTY, rules))
+        reason = expected_reason(rules, self.expected)
         if report.failed and reason is not None:
             # What pytest's own xfail does: the failure stays in longrepr, the outcome changes.
             report.outcome = "skipped"
@@ -178,6 +193,8 @@ class Conformance:
         else:
             return
         rules = self.rules.get(report.nodeid, ())
+        if self.controller:
+            rules = tuple(dict(report.user_properties).get(RULES_PROPERTY, ()))
         self.outcomes[report.nodeid] = TestOutcome(report.nodeid, rules, outcome, reason)
 
     def report(self) -> dict[str, Any]:
@@ -192,7 +209,14 @@ class Conformance:
         )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.aborted:
+        if self.aborted or self.worker:
+            return
+        if self.controller and self.judging and not any(o.rules for o in self.outcomes.values()):
+            self.aborted = True  # what pytest_collection_finish does without xdist
+            session.config.get_terminal_writer().line(
+                f"ERROR: {self.nothing_to_judge(len(self.outcomes))}", red=True
+            )
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
             return
         passed_instead = unexpected_passes(self.report())
         if passed_instead and self.expectations is not None:
@@ -211,7 +235,7 @@ class Conformance:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.aborted:
+        if self.aborted or self.worker:
             return
         report = self.report()
         terminalreporter.section("conformance")

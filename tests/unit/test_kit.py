@@ -410,3 +410,25 @@ def test_reference_only_tests_judge_the_reference(kit: pytest.Pytester) -> None:
     result, report = report_of(kit, "test_only.py")
     result.assert_outcomes(passed=2)
     assert report["rules"]["PLAN-3"]["status"] == "passed"
+
+
+# --- pytest-xdist ---------------------------------------------------------------------------
+
+
+def test_a_distributed_run_reports_what_a_serial_run_does(kit: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    _, serial = report_of(kit, "--loader=tinyloaders:PlansOnly")
+    (kit.path / "report.json").unlink()
+    result, distributed = report_of(kit, "--loader=tinyloaders:PlansOnly", "-p", "xdist", "-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert distributed["rules"] == serial["rules"]
+    result.stdout.fnmatch_lines(["plans-only@cpu: fails 1 MUST rule: PLAN-2"])
+
+
+def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    result = run(
+        kit, "-k", "nothing_matches", "--conformance-report=r.json", "-p", "xdist", "-n", "2"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert not (kit.path / "r.json").exists()
