@@ -16,6 +16,7 @@ from reference.platform import describe
 print("gpu-check:", describe())
 PY
 report="${TMPDIR:-/tmp}/conformance-cuda.json"
-timeout --kill-after=30 "${GPU_CHECK_TIMEOUT:-600}" \
+# SIGINT first: pytest stops like on Ctrl-C and still prints its summary and the figures.
+timeout --signal=INT --kill-after=30 "${GPU_CHECK_TIMEOUT:-600}" \
     python3 -m pytest tests/unit tests/gpu --runtime-device=cuda -q -rs -p no:cacheprovider \
     --conformance-report="$report" "$@"

@@ -57,20 +57,26 @@ def gpu_figures(
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    figures = config.stash.get(FIGURES, [])
-    on_cuda = torch.device(config.getoption("--runtime-device")).type == "cuda"
-    tp = [
-        report
-        for outcome in ("passed", "failed", "skipped")
-        for report in terminalreporter.stats.get(outcome, [])
-        if on_cuda and getattr(report, "nodeid", "") == TP_TEST
-    ]
-    if not figures and not tp:
+    """The figures block, printed on every CUDA run: also when tests failed or were stopped,
+    since what a failing test measured before its assertion is the figure that explains it."""
+    if torch.device(config.getoption("--runtime-device")).type != "cuda":
         return
+    figures = config.stash.get(FIGURES, [])
+    reports = [
+        report
+        for outcome in ("passed", "failed", "skipped", "error")
+        for report in terminalreporter.stats.get(outcome, [])
+        if isinstance(getattr(report, "nodeid", None), str)
+    ]
     terminalreporter.section("gpu tier figures")
     for line in figures:
         terminalreporter.write_line(line)
-    for report in tp:
+    if not figures:
+        terminalreporter.write_line("no figures recorded: no GPU test got as far as measuring")
+    failed = sorted({r.nodeid for r in reports if r.failed and r.nodeid.startswith("tests/gpu")})
+    for nodeid in failed:
+        terminalreporter.write_line(f"FAILED {nodeid} (figures above are what it measured)")
+    for report in (r for r in reports if r.nodeid == TP_TEST):
         if report.skipped:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
