@@ -38,6 +38,7 @@ RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller
 MARKERS = (
     "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
     "internal: a test of the suite's own machinery; names no contract rule",
+    "selftest: a long run of the suite against loaders it must fail (tox -e selftest)",
     "capability(name): the adapter capability this test needs; skipped when the loader under"
     " test does not declare it",
     "reference_only(why): judges the reference alone (its wording, reasons or internals); runs"

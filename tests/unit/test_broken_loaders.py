@@ -1,5 +1,8 @@
 """The suite catches bad loaders: each broken loader fails exactly the rules its defect breaks.
 
+These runs test the suite itself, at length: they are `selftest`s (`tox -e selftest`), except one
+broken loader kept in the unit tier as a smoke test of the machinery.
+
 Every case runs, in process, the contract test files that name the rules a broken loader is
 expected to fail (`breaks` and `also_fails`), with `--loader=fakes.broken:<Loader>`, and reads
 the JSON report: the run must fail, and its failed rules must be exactly the expected ones, so a
@@ -90,7 +93,15 @@ def failed_rules(
     return {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
 
 
-@pytest.mark.parametrize("adapter", BROKEN, ids=lambda cls: cls.__name__)
+# The unit tier's smoke: a broken loader whose contract files run in about a second.
+SMOKE = fakes.broken.MutablePlans
+
+
+@pytest.mark.parametrize(
+    "adapter",
+    [pytest.param(a, marks=() if a is SMOKE else pytest.mark.selftest) for a in BROKEN],
+    ids=lambda cls: cls.__name__,
+)
 def test_the_suite_fails_exactly_the_rules_the_defect_breaks(
     adapter: type[BrokenAdapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,6 +136,7 @@ def test_broken_loaders_are_well_formed() -> None:
         assert adapter.__doc__, adapter.__name__
 
 
+@pytest.mark.selftest
 def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,6 +147,7 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
     assert failed == {"ZC-14"}
 
 
+@pytest.mark.selftest
 @pytest.mark.parametrize(
     "spec", ["reference.baseline:PlainLoadStateDict", "reference.baseline:PlainAssign"]
 )
