@@ -105,8 +105,10 @@ def resolve_checkpoint_load_device(
 
     An offloaded, unquantized component loads straight onto CPU (where it will live anyway). A
     quantized component keeps the runtime device even when offloaded, because its weights need
-    device processing first; a resident component always loads on the runtime device.
+    device processing first, unless its method declares that it loads on CPU
+    (`QuantizationSpec.loads_on_cpu`, as GGUF does). A resident component always loads on the
+    runtime device.
     """
-    if component_cpu_offload and quantization is None:
+    if component_cpu_offload and (quantization is None or quantization.loads_on_cpu):
         return CPU
     return runtime_device

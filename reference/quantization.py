@@ -1,7 +1,7 @@
 """Quantization, described in neutral terms.
 
-A loader under test receives a `QuantizationSpec` (method name + whether the checkpoint is already
-stored in that format) and builds its own config objects from it.
+A loader under test receives a `QuantizationSpec` (method name, whether the checkpoint is already
+stored in that format, whether the method loads on CPU) and builds its own config objects from it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from dataclasses import dataclass
 # Methods whose *online* form (checkpoint not yet in that format) rewrites weights after loading,
 # with kernels that need the weights on the runtime device.
 ONLINE_DEVICE_METHODS = frozenset({"fp8", "mxfp4"})
+# Methods whose quantized weights are usable where they were read, so an offloaded component
+# may load them straight onto CPU (upstream: GGUF's `quantized_cpu_load_supported`).
+CPU_LOAD_METHODS = frozenset({"gguf"})
 
 
 @dataclass(frozen=True)
@@ -20,14 +23,29 @@ class QuantizationSpec:
     Attributes:
         method: the method's name as users spell it (`fp8`, `mxfp4`, `modelopt_fp8`, ...).
         serialized: True when the checkpoint already stores weights in that format.
+        cpu_load_supported: the method's declaration that its quantized weights may be loaded
+            on CPU (DEV-2); None means the method's own default (True for `CPU_LOAD_METHODS`).
     """
 
     method: str
     serialized: bool = False
+    cpu_load_supported: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.method:
             raise ValueError("QuantizationSpec.method must be a non-empty method name, e.g. 'fp8'")
+        if self.cpu_load_supported is not None and type(self.cpu_load_supported) is not bool:
+            raise ValueError(
+                "QuantizationSpec.cpu_load_supported must be True, False or None (the method's"
+                f" default), got {self.cpu_load_supported!r}"
+            )
+
+    @property
+    def loads_on_cpu(self) -> bool:
+        """DEV-2: whether the method declares that its quantized weights load on CPU."""
+        if self.cpu_load_supported is not None:
+            return self.cpu_load_supported
+        return self.method.lower() in CPU_LOAD_METHODS
 
 
 def requires_device_weight_processing(quantization: QuantizationSpec | None) -> bool:

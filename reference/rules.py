@@ -43,7 +43,12 @@ RULES: tuple[Rule, ...] = (
     Rule("PLAN-4", M, U, "No plan given means the default plan: runtime device, all flags off"),
     # DEV: where the checkpoint lands
     Rule("DEV-1", M, U, "Offloaded unquantized components load their checkpoint on CPU"),
-    Rule("DEV-2", M, U, "Quantized or resident components load on the runtime device"),
+    Rule(
+        "DEV-2",
+        M,
+        U,
+        "Quantized components stay on the runtime device unless the method loads on CPU",
+    ),
     Rule("DEV-3", M, U, "All four offload x quantized combinations are pinned"),
     # ZC: zero-copy adoption of CPU checkpoint tensors
     Rule("ZC-1", M, U, "Adoption needs the checkpoint tensor on CPU"),
@@ -103,7 +108,7 @@ RULES: tuple[Rule, ...] = (
         "FP8-1",
         M,
         U,
-        "Online fp8/mxfp4 need device weight processing; serialized/unknown/None do not",
+        "Online fp8/mxfp4 need device weight processing; None and plain serialized do not",
     ),
     Rule(
         "FP8-2",
@@ -137,7 +142,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("ARGS-3", M, U, "Unrelated arguments are left untouched and in order"),
     Rule("ARGS-4", M, U, "Programmatic construction validates names and real bools"),
-    Rule("ARGS-5", M, U, "should_direct_gpu_weight_load_component answers by normalised name"),
+    Rule(
+        "ARGS-5",
+        M,
+        U,
+        "should_direct_gpu_weight_load_component: exact normalised name, false by default",
+    ),
     # ADM: three-layer admission
     Rule(
         "ADM-1",

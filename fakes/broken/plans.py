@@ -123,10 +123,11 @@ class DefaultPlanOnCpu(BrokenAdapter):
 
 
 class NeverLoadsOnCpu(BrokenAdapter):
-    """Loads every checkpoint on the runtime device, offloaded components too (DEV-1)."""
+    """Loads every checkpoint on the runtime device, offloaded components too: unquantized ones
+    (DEV-1) and those whose quantization method declares CPU loading (DEV-2)."""
 
     name = "broken-never-loads-on-cpu"
-    breaks = frozenset({"DEV-1", "DEV-3"})
+    breaks = frozenset({"DEV-1", "DEV-2", "DEV-3"})
 
     def resolve_checkpoint_load_device(
         self,
@@ -152,6 +153,23 @@ class LoadsOffloadedQuantizedOnCpu(BrokenAdapter):
         quantization: QuantizationSpec | None,
     ) -> torch.device:
         return CPU if component_cpu_offload else runtime_device
+
+
+class IgnoresCpuLoadDeclaration(BrokenAdapter):
+    """Keeps every quantized component on the runtime device when offloaded, even one whose
+    method declares that it loads on CPU, as GGUF does (DEV-2)."""
+
+    name = "broken-ignores-cpu-load-declaration"
+    breaks = frozenset({"DEV-2", "DEV-3"})
+
+    def resolve_checkpoint_load_device(
+        self,
+        runtime_device: torch.device,
+        *,
+        component_cpu_offload: bool,
+        quantization: QuantizationSpec | None,
+    ) -> torch.device:
+        return CPU if component_cpu_offload and quantization is None else runtime_device
 
 
 class ProcessesSerializedCheckpoints(BrokenAdapter):

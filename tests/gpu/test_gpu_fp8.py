@@ -19,7 +19,6 @@ from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
 from reference.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
-from reference.checkpoint import TensorReader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER, PLANS)
@@ -70,32 +69,29 @@ def test_quantized_on_the_device_then_offloaded_with_the_same_bits(
     spec: QuantizationSpec,
     method: type[LinearMethod],
 ) -> None:
-    path, _ = write_dit_checkpoint(tmp_path, config=CONFIG)
+    path, written = write_dit_checkpoint(tmp_path, config=CONFIG)
     plan = offloaded_plan(loader, gpu_device, spec)
     assert plan.checkpoint_load_device.type == "cuda"
     assert plan.defer_cpu_offload is True
     reference = processed_on(gpu_device, spec, path)  # before any spy is in place
-    events: list[tuple[str, str]] = []
-    real_read, real_process, real_apply = (
-        TensorReader.read,
-        method.process_weights_after_loading,
-        TinyDiT._apply,
-    )
-
-    def read(reader: TensorReader, name: str, *, device: torch.device) -> torch.Tensor:
-        events.append(("read", device.type))
-        return real_read(reader, name, device=device)
+    checkpoint = {name: tensor.cpu() for name, tensor in dict(written).items()}
+    events: list[tuple[str, str, bool]] = []
+    real_process, real_apply = method.process_weights_after_loading, TinyDiT._apply
 
     def process(self: LinearMethod, layer: nn.Module) -> None:
-        events.append(("process", layer.weight.device.type))
+        weight = layer.weight.detach()
+        # Loaded first: the weight it processes holds a checkpoint tensor's values already.
+        loaded = any(
+            torch.equal(weight.cpu(), t) for t in checkpoint.values() if t.shape == weight.shape
+        )
+        events.append(("process", weight.device.type, loaded))
         real_process(self, layer)  # type: ignore[arg-type]
 
     def move(module: TinyDiT, fn: object, recurse: bool = True) -> TinyDiT:
         held = ",".join(sorted({p.device.type for p in module.parameters()}))
-        events.append(("move", held))  # where the weights are when the move starts
+        events.append(("move", held, True))  # where the weights are when the move starts
         return real_apply(module, fn, recurse)  # type: ignore[arg-type]
 
-    mocker.patch.object(TensorReader, "read", autospec=True, side_effect=read)
     mocker.patch.object(method, "process_weights_after_loading", autospec=True, side_effect=process)
     mocker.patch.object(TinyDiT, "_apply", autospec=True, side_effect=move)
     module, _ = loader.load_dit(
@@ -106,12 +102,11 @@ def test_quantized_on_the_device_then_offloaded_with_the_same_bits(
         quantization=spec,
     )
 
-    kinds = [kind for kind, _ in events if kind != "read"]
-    assert kinds == ["process"] * QUANTIZED_LAYERS + ["move"]  # process, then offload, once
-    assert {where for kind, where in events if kind == "process"} == {"cuda"}
-    first = next(i for i, (kind, _) in enumerate(events) if kind == "process")
-    assert all(kind == "read" for kind, _ in events[:first])  # every read before any processing
-    assert events[-1] == ("move", "cuda")  # the weights were on the device until the move
+    kinds = [kind for kind, _, _ in events]
+    assert kinds == ["process"] * QUANTIZED_LAYERS + ["move"]  # load, process, then offload once
+    assert {where for kind, where, _ in events if kind == "process"} == {"cuda"}
+    assert all(loaded for _, _, loaded in events), "processing ran before the weights were loaded"
+    assert events[-1][:2] == ("move", "cuda")  # the weights were on the device until the move
     layers = [m for m in module.modules() if isinstance(getattr(m, "quant_method", None), method)]
     assert len(layers) == QUANTIZED_LAYERS
     assert [[d.type for d in layer.quant_method.runs] for layer in layers] == [["cuda"]] * len(

@@ -3,6 +3,7 @@ gets without the diffusers extra. The command runs in a subprocess, offline (HF_
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -17,24 +18,18 @@ from pytest_mock import MockerFixture
 
 from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
 from fakes.platform import FakePlatform
-from reference.adapter import LoaderAdapter
 from reference.args import parse_args
 from reference.cli import HEADER, load_command, load_with_table
 from reference.diffusers_models import INSTALL_HINT, VAE_PACKAGE, resolve_vae_class
 from reference.errors import CheckpointError
 from reference.model_loaders import VAELoader
 from reference.pipeline import read_pipeline
-from reference.reference_adapter import ReferenceAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
 SEL = "--component-direct-gpu-weight-loading.vae"
-
-
-@pytest.fixture
-def reference_only(loader: LoaderAdapter) -> None:
-    if not isinstance(loader, ReferenceAdapter):
-        pytest.skip("pins the reference's own command line and diffusers resolution")
+# The command line and diffusers resolution are the reference's own: they judge nothing else.
+OWN_CLI = "drives the reference's own command line and diffusers resolution"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +37,10 @@ def diffusers() -> ModuleType:
     module = pytest.importorskip("diffusers", reason=EXTRA)
     module.utils.logging.set_verbosity_error()
     module.utils.logging.disable_progress_bar()
+    # The VAE package's own first import pulls in much of diffusers; tests that watch what a
+    # resolution imports must not see it, whichever test happens to run first.
+    importlib.import_module(VAE_PACKAGE)
+    importlib.import_module("diffusers.models.modeling_utils")
     return module
 
 
@@ -70,8 +69,9 @@ def assert_same_state(module: Any, expected: Any) -> None:
 
 
 @pytest.mark.rule("ADM-6")
+@pytest.mark.reference_only(OWN_CLI)
 def test_load_command_loads_a_diffusers_vae(
-    reference_only: None, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
+    runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     root = write_diffusers_pipeline(tmp_path, IMAGE_KL, sharded=True)
     done = run_load(str(root), "--device", str(runtime_device))
@@ -90,8 +90,9 @@ def test_load_command_loads_a_diffusers_vae(
 
 
 @pytest.mark.rule("ADM-2")
+@pytest.mark.reference_only(OWN_CLI)
 def test_load_command_refuses_the_direct_flag_without_a_cuda_runtime_device(
-    reference_only: None, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
+    runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     if runtime_device.type == "cuda":
         pytest.skip("the CUDA tier runs the direct flag for real (next test)")
@@ -104,8 +105,9 @@ def test_load_command_refuses_the_direct_flag_without_a_cuda_runtime_device(
 
 
 @pytest.mark.rule("VAE-1", "VAE-13")
+@pytest.mark.reference_only(OWN_CLI)
 def test_load_command_streams_a_diffusers_vae_with_the_direct_flag(
-    reference_only: None, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
+    runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     if runtime_device.type != "cuda":
         pytest.skip("the direct flag needs a CUDA runtime device; the CPU tier checks its refusal")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from pytest_mock import MockerFixture
 
 from fakes.checkpoints import write_checkpoint
 from fakes.dit import TinyDiT, dit_state, rotary_freqs, write_dit_checkpoint
+from fakes.judge import refusal
 from fakes.layers import LINEAR_KINDS, ColumnParallelLinear
 from fakes.quant import (
     LinearMethod,
@@ -34,13 +38,10 @@ from reference.quantization import QuantizationSpec
     ("quantization", "expected"),
     [
         (QuantizationSpec("fp8"), True),
-        (QuantizationSpec("FP8"), True),
         (QuantizationSpec("mxfp4"), True),
         (QuantizationSpec("fp8", serialized=True), False),
         (QuantizationSpec("mxfp4", serialized=True), False),
-        (QuantizationSpec("modelopt_fp8", serialized=True), False),
-        (QuantizationSpec("gguf"), False),
-        (QuantizationSpec("awq"), False),
+        (QuantizationSpec("gguf", serialized=True), False),
         (None, False),
     ],
     ids=str,
@@ -48,11 +49,32 @@ from reference.quantization import QuantizationSpec
 def test_requires_device_weight_processing(
     loader: LoaderAdapter, quantization: QuantizationSpec | None, expected: bool
 ) -> None:
+    """Online fp8/mxfp4 need the device; None and plain serialized checkpoints do not. Serialized
+    modelopt_fp8 and unregistered methods are left free (upstream answers True / raises)."""
     assert loader.requires_device_weight_processing(quantization) is expected
 
 
 @pytest.mark.rule("FP8-1")
-@pytest.mark.capability(PLANS)  # the spec is the plan methods' input; no plans, nothing to judge
+@pytest.mark.reference_only("the reference's answers where the rule leaves the choice free")
+@pytest.mark.parametrize(
+    "quantization",
+    [
+        QuantizationSpec("FP8", serialized=True),
+        QuantizationSpec("modelopt_fp8", serialized=True),
+        QuantizationSpec("gguf"),
+        QuantizationSpec("awq"),
+    ],
+    ids=str,
+)
+def test_reference_answers_false_for_other_methods(quantization: QuantizationSpec) -> None:
+    from reference.quantization import requires_device_weight_processing
+
+    assert requires_device_weight_processing(quantization) is False
+    assert requires_device_weight_processing(QuantizationSpec("FP8")) is True
+
+
+@pytest.mark.rule("FP8-1")
+@pytest.mark.reference_only("checks the reference's own QuantizationSpec")
 def test_quantization_spec_needs_a_method() -> None:
     with pytest.raises(ValueError, match="method"):
         QuantizationSpec("")
@@ -65,6 +87,18 @@ ONLINE = [
     pytest.param(QuantizationSpec("mxfp4"), OnlineMxfp4LinearMethod, id="mxfp4"),
 ]
 QUANTIZED_LAYERS = 4 * 2  # qkv, proj, mlp_up, mlp_down in each of the 2 blocks
+
+
+@contextmanager
+def warned(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
+    """Warnings issued meanwhile, as Python warnings or as WARNING log records (upstream logs)."""
+    seen: list[str] = []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield seen
+    seen.extend(str(w.message) for w in caught)
+    seen.extend(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
 
 
 def is_on(device: torch.device, wanted: torch.device) -> bool:
@@ -222,13 +256,17 @@ def test_only_serialized_modelopt_fp8_switches_component_offload_off(
 @pytest.mark.rule("FP8-4")
 @pytest.mark.capability(FP8_DEFER)
 def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, mocker: MockerFixture
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    mocker: MockerFixture,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     spec = QuantizationSpec("fp8")
     path, state = write_dit_checkpoint(tmp_path)
     plan = quantized_offload_plan(loader, runtime_device, spec)
     timeline = watch(mocker, OnlineFp8LinearMethod, dict(state))
-    with pytest.warns(UserWarning, match="FSDP"):
+    with warned(caplog) as seen:
         module, report = loader.load_dit(
             lambda: TinyDiT(quantization=spec),
             path,
@@ -237,6 +275,7 @@ def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
             quantization=spec,
             fsdp=True,
         )
+    assert seen, "the override was dropped without a warning"
     assert report.plan.weight_postprocess_device is None
     assert report.plan.defer_cpu_offload is False
     assert [event[0] for event in timeline.events] == ["process"] * QUANTIZED_LAYERS  # no move
@@ -246,14 +285,18 @@ def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
 @pytest.mark.rule("FP8-4")
 @pytest.mark.capability(FP8_DEFER)
 def test_fsdp_with_nothing_to_drop_is_silent(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
     plan = loader.default_plan(runtime_device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warned(caplog) as seen:
         _, report = loader.load_dit(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS, fsdp=True)
-    assert report.plan == plan
+    assert seen == []
+    assert (report.plan.weight_postprocess_device, report.plan.defer_cpu_offload) == (None, False)
+    assert report.plan.checkpoint_load_device == plan.checkpoint_load_device
 
 
 @pytest.mark.rule("FP8-5")
@@ -267,14 +310,18 @@ def test_failed_quantization_raises_instead_of_falling_back(
     bad["blocks.1.mlp_up.weight"] = bad["blocks.1.mlp_up.weight"].clone()
     bad["blocks.1.mlp_up.weight"][0, 0] = math.inf
     path = write_checkpoint(bad, tmp_path / "bad")
-    with pytest.raises(QuantizationLoadError, match=r"fp8.*blocks\.1\.mlp_up"):
-        loader.load_dit(
+    refusal(
+        lambda: loader.load_dit(
             lambda: TinyDiT(quantization=spec),
             path,
             plan=quantized_offload_plan(loader, runtime_device, spec),
             kinds=LINEAR_KINDS,
             quantization=spec,
-        )
+        ),
+        "fp8",
+        "blocks.1.mlp_up",
+        error=Exception,
+    )
 
 
 @pytest.mark.rule("FP8-5")
@@ -284,11 +331,35 @@ def test_quantization_requested_but_model_unquantized_raises(
 ) -> None:
     spec = QuantizationSpec("fp8")
     path, _ = write_dit_checkpoint(tmp_path)
-    with pytest.raises(QuantizationLoadError, match="fp8"):
-        loader.load_dit(
+    refusal(
+        lambda: loader.load_dit(
             TinyDiT,  # ignores the quantization: loading it would be a silent fallback
             path,
             plan=quantized_offload_plan(loader, runtime_device, spec),
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+        ),
+        "fp8",
+        error=Exception,
+    )
+
+
+@pytest.mark.rule("FP8-5")
+@pytest.mark.capability(FP8_DEFER)
+@pytest.mark.reference_only("checks the reference's own error class and wording")
+def test_reference_raises_quantization_load_error(
+    runtime_device: torch.device, tmp_path: Path
+) -> None:
+    from reference.dit import load_dit
+    from reference.plan import WeightLoadPlan
+
+    spec = QuantizationSpec("fp8")
+    path, _ = write_dit_checkpoint(tmp_path)
+    with pytest.raises(QuantizationLoadError, match=r"fp8.*was requested but no layer"):
+        load_dit(
+            TinyDiT,
+            path,
+            plan=WeightLoadPlan.default(runtime_device),
             kinds=LINEAR_KINDS,
             quantization=spec,
         )

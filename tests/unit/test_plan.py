@@ -1,4 +1,8 @@
-"""PLAN: the weight-load plan."""
+"""PLAN: the weight-load plan.
+
+Plans are values: devices here are plain values (no device is touched to build a plan), with and
+without an index. A refused plan is judged by contract: a ValueError naming the offending field.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,24 @@ import dataclasses
 import pytest
 import torch
 
-from reference.adapter import PLANS, LoaderAdapter
+from fakes.judge import refusal
+from reference.adapter import PLANS, LoaderAdapter, PlanLike
 
 pytestmark = pytest.mark.capability(PLANS)
 
 CPU = torch.device("cpu")
-ACCEL = torch.device("cuda", 0)  # plans are values: no device is touched to build one
+ACCEL = torch.device("cuda", 0)
+OTHER = torch.device("cuda", 1)  # differs from ACCEL only by its index
+FIELDS = (
+    "checkpoint_load_device",
+    "weight_postprocess_device",
+    "defer_cpu_offload",
+    "load_full_state_dict_on_device",
+)
+
+
+def fields_of(plan: PlanLike) -> tuple[object, ...]:
+    return tuple(getattr(plan, name) for name in FIELDS)
 
 
 @pytest.mark.rule("PLAN-1")
@@ -22,34 +38,26 @@ def test_plan_is_frozen(loader: LoaderAdapter) -> None:
         needs_device_weight_postprocess=True,
         component_cpu_offload=True,
     )
-    for field, value in [
-        ("checkpoint_load_device", CPU),
-        ("weight_postprocess_device", None),
-        ("defer_cpu_offload", False),
-        ("load_full_state_dict_on_device", True),
-    ]:
+    before = fields_of(plan)
+    assert before == (ACCEL, ACCEL, True, False)
+    for field, value in zip(FIELDS, (CPU, None, False, True), strict=True):
         with pytest.raises(AttributeError):
             setattr(plan, field, value)
-    assert (plan.checkpoint_load_device, plan.weight_postprocess_device) == (ACCEL, ACCEL)
-    assert plan.defer_cpu_offload is True
+    assert fields_of(plan) == before
 
 
 @pytest.mark.rule("PLAN-1")
+@pytest.mark.reference_only("checks the reference's own plan class")
 def test_plan_is_a_value() -> None:
     from reference.plan import WeightLoadPlan
 
     assert dataclasses.is_dataclass(WeightLoadPlan)
     assert WeightLoadPlan.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    assert {f.name for f in dataclasses.fields(WeightLoadPlan)} == {
-        "checkpoint_load_device",
-        "weight_postprocess_device",
-        "defer_cpu_offload",
-        "load_full_state_dict_on_device",
-    }
+    assert tuple(f.name for f in dataclasses.fields(WeightLoadPlan)) == FIELDS
 
 
 @pytest.mark.rule("PLAN-2")
-@pytest.mark.parametrize("device", [CPU, ACCEL], ids=str)
+@pytest.mark.parametrize("device", [CPU, ACCEL, OTHER, torch.device("cuda")], ids=str)
 @pytest.mark.parametrize("needs_post", [False, True])
 @pytest.mark.parametrize("offload", [False, True])
 def test_for_component_derives_fields(
@@ -67,16 +75,17 @@ def test_for_component_derives_fields(
 
 
 @pytest.mark.rule("PLAN-2")
-def test_for_component_passes_direct_flag_through(loader: LoaderAdapter) -> None:
+@pytest.mark.parametrize("device", [ACCEL, OTHER], ids=str)
+def test_for_component_passes_direct_flag_through(
+    loader: LoaderAdapter, device: torch.device
+) -> None:
     plan = loader.plan_for_component(
-        checkpoint_load_device=ACCEL,
-        needs_device_weight_postprocess=False,
+        checkpoint_load_device=device,
+        needs_device_weight_postprocess=True,
         component_cpu_offload=False,
         load_full_state_dict_on_device=True,
     )
-    assert plan.load_full_state_dict_on_device is True
-    assert plan.weight_postprocess_device is None
-    assert plan.defer_cpu_offload is False
+    assert fields_of(plan) == (device, device, False, True)
 
 
 @pytest.mark.rule("PLAN-2")
@@ -85,84 +94,108 @@ def test_for_component_is_keyword_only(loader: LoaderAdapter) -> None:
         loader.plan_for_component(ACCEL, False, False)  # type: ignore[misc]
 
 
+def plan_fields(
+    load: torch.device,
+    post: torch.device | None = None,
+    *,
+    defer: bool = False,
+    direct: bool = False,
+) -> dict[str, object]:
+    return dict(zip(FIELDS, (load, post, defer, direct), strict=True))
+
+
+# Each case holds exactly one contradiction; the field named is the one to judge it by.
+CONTRADICTIONS = [
+    pytest.param(plan_fields(CPU, ACCEL), "weight_postprocess_device", id="post-on-accel-load-cpu"),
+    pytest.param(plan_fields(ACCEL, CPU), "weight_postprocess_device", id="post-on-cpu-load-accel"),
+    pytest.param(
+        plan_fields(ACCEL, OTHER), "weight_postprocess_device", id="post-differs-by-index"
+    ),
+    pytest.param(
+        plan_fields(OTHER, ACCEL, defer=True),
+        "weight_postprocess_device",
+        id="post-differs-by-index-deferred",
+    ),
+    pytest.param(plan_fields(ACCEL, defer=True), "defer_cpu_offload", id="defer-without-post"),
+    pytest.param(plan_fields(CPU, defer=True), "defer_cpu_offload", id="defer-without-post-cpu"),
+    pytest.param(
+        plan_fields(CPU, direct=True), "load_full_state_dict_on_device", id="direct-on-cpu"
+    ),
+    pytest.param(
+        plan_fields(torch.device("cpu", 0), direct=True),
+        "load_full_state_dict_on_device",
+        id="direct-on-cpu-0",
+    ),
+    pytest.param(
+        plan_fields(ACCEL, ACCEL, defer=True, direct=True),
+        "defer_cpu_offload",
+        id="direct-and-defer",
+    ),
+]
+
+
 @pytest.mark.rule("PLAN-3")
-@pytest.mark.parametrize(
-    ("fields", "words"),
-    [
-        (
-            dict(
-                checkpoint_load_device=CPU,
-                weight_postprocess_device=ACCEL,
-                defer_cpu_offload=False,
-                load_full_state_dict_on_device=False,
-            ),
-            "weight_postprocess_device",
-        ),
-        (
-            dict(
-                checkpoint_load_device=ACCEL,
-                weight_postprocess_device=None,
-                defer_cpu_offload=True,
-                load_full_state_dict_on_device=False,
-            ),
-            "defer_cpu_offload",
-        ),
-        (
-            dict(
-                checkpoint_load_device=CPU,
-                weight_postprocess_device=None,
-                defer_cpu_offload=False,
-                load_full_state_dict_on_device=True,
-            ),
-            "load_full_state_dict_on_device",
-        ),
-        (
-            dict(
-                checkpoint_load_device=ACCEL,
-                weight_postprocess_device=ACCEL,
-                defer_cpu_offload=True,
-                load_full_state_dict_on_device=True,
-            ),
-            "defer_cpu_offload",
-        ),
-    ],
-    ids=["postprocess-elsewhere", "defer-without-postprocess", "direct-on-cpu", "direct-and-defer"],
-)
+@pytest.mark.parametrize(("fields", "field"), CONTRADICTIONS)
 def test_contradictory_plans_are_refused(
-    loader: LoaderAdapter, fields: dict[str, object], words: str
+    loader: LoaderAdapter, fields: dict[str, object], field: str
 ) -> None:
-    with pytest.raises(ValueError, match=words):
-        loader.make_plan(**fields)  # type: ignore[arg-type]
+    refusal(lambda: loader.make_plan(**fields), field)  # type: ignore[arg-type]
 
 
 @pytest.mark.rule("PLAN-3")
-def test_for_component_refuses_direct_with_deferral(loader: LoaderAdapter) -> None:
-    with pytest.raises(ValueError, match="defer_cpu_offload"):
-        loader.plan_for_component(
-            checkpoint_load_device=ACCEL,
+@pytest.mark.reference_only("checks the reference's own error class")
+@pytest.mark.parametrize(("fields", "field"), CONTRADICTIONS)
+def test_contradictory_plans_raise_plan_error(fields: dict[str, object], field: str) -> None:
+    from reference.errors import PlanError
+    from reference.plan import WeightLoadPlan
+
+    with pytest.raises(PlanError, match=rf"^plan: .*{field}"):
+        WeightLoadPlan(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.rule("PLAN-3")
+@pytest.mark.parametrize("device", [ACCEL, OTHER], ids=str)
+def test_for_component_refuses_direct_with_deferral(
+    loader: LoaderAdapter, device: torch.device
+) -> None:
+    refusal(
+        lambda: loader.plan_for_component(
+            checkpoint_load_device=device,
             needs_device_weight_postprocess=True,
             component_cpu_offload=True,
             load_full_state_dict_on_device=True,
-        )
+        ),
+        "defer_cpu_offload",
+    )
 
 
 @pytest.mark.rule("PLAN-3")
-def test_consistent_explicit_plan_is_accepted(loader: LoaderAdapter) -> None:
-    plan = loader.make_plan(
-        checkpoint_load_device=ACCEL,
-        weight_postprocess_device=ACCEL,
-        defer_cpu_offload=True,
-        load_full_state_dict_on_device=False,
-    )
-    assert plan.defer_cpu_offload is True
+@pytest.mark.parametrize(
+    "fields",
+    [
+        plan_fields(ACCEL, ACCEL, defer=True),
+        plan_fields(OTHER, OTHER, defer=True),
+        plan_fields(CPU, CPU, defer=True),
+        plan_fields(CPU, CPU),
+        plan_fields(ACCEL, direct=True),
+        plan_fields(OTHER, OTHER, direct=True),
+        plan_fields(CPU),
+    ],
+    ids=["defer", "defer-other", "defer-cpu", "post-cpu", "direct", "direct-post", "plain-cpu"],
+)
+def test_consistent_explicit_plans_are_accepted(
+    loader: LoaderAdapter, fields: dict[str, object]
+) -> None:
+    plan = loader.make_plan(**fields)  # type: ignore[arg-type]
+    assert fields_of(plan) == tuple(fields.values())
 
 
 @pytest.mark.rule("PLAN-4")
-def test_default_plan(loader: LoaderAdapter, runtime_device: torch.device) -> None:
-    # ACCEL too: in the CPU tier the runtime device is cpu, which a CPU-only default would match.
-    for device in (runtime_device, ACCEL):
-        plan = loader.default_plan(device)
-        assert plan.checkpoint_load_device == device
-        assert plan.weight_postprocess_device is None
-        assert plan.defer_cpu_offload is False
-        assert plan.load_full_state_dict_on_device is False
+@pytest.mark.parametrize("device", [ACCEL, OTHER, torch.device("cuda")], ids=str)
+def test_default_plan(
+    loader: LoaderAdapter, runtime_device: torch.device, device: torch.device
+) -> None:
+    # Accelerators too: in the CPU tier the runtime device is cpu, which a CPU-only default
+    # would match.
+    for wanted in (runtime_device, device):
+        assert fields_of(loader.default_plan(wanted)) == (wanted, None, False, False)
