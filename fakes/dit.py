@@ -5,6 +5,9 @@ parameter with a plain-function loader (`pos_embed`), a persistent buffer (`time
 checkpoint) and a non-persistent buffer (`freqs`, not in it) computed in `__init__`. Built on
 `meta`, that buffer is meta too; the module's `init_non_persistent_buffers(device)` hook
 recomputes it after loading.
+
+`PlainDiT` is made of plain torch layers only (linear, conv, norm, embedding), as every diffusers
+model is: none of its parameters carries a `weight_loader` (ZC-2b).
 """
 
 from __future__ import annotations
@@ -154,6 +157,64 @@ class TinyDiT(nn.Module):
             h = block(h)
         out: torch.Tensor = self.head(self.final_norm(h))
         return out
+
+
+class PlainDiT(nn.Module):
+    """A DiT of plain torch layers: patch conv, time embedding, norm, linears, and a persistent
+    buffer. No parameter has `weight_loader`; every one starts with requires_grad=True."""
+
+    time_scale: torch.Tensor
+
+    def __init__(self, config: DiTConfig | None = None) -> None:
+        super().__init__()
+        config = config or DiTConfig()
+        h, dtype = config.hidden, config.params_dtype
+        self.patch_embed = nn.Conv2d(config.in_channels, h, kernel_size=2, stride=2, dtype=dtype)
+        self.time_embed = nn.Embedding(config.num_steps, h, dtype=dtype)
+        self.register_buffer("time_scale", torch.ones(config.num_steps, dtype=dtype))
+        self.norm = nn.LayerNorm(h, dtype=dtype)
+        self.mlp_up = nn.Linear(h, config.mlp_ratio * h, dtype=dtype)
+        self.mlp_down = nn.Linear(config.mlp_ratio * h, h, dtype=dtype)
+        self.head = nn.Linear(h, config.in_channels, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch_embed(x).flatten(2).transpose(1, 2)  # (batch, patches, hidden)
+        h = tokens + (self.time_embed(t) * self.time_scale[t, None])[:, None]
+        h = h + self.mlp_down(F.gelu(self.mlp_up(self.norm(h))))
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+def random_state(
+    model: nn.Module, *, dtype: torch.dtype | None = None, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Random values for every state entry of `model` (built on `meta`), in `dtype` if given."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: (torch.randn(slot.shape, generator=generator) / math.sqrt(slot.shape[-1])).to(
+            dtype or slot.dtype
+        )
+        for name, slot in model.state_dict().items()
+    }
+
+
+def write_plain_dit_checkpoint(
+    folder: Path,
+    *,
+    config: DiTConfig | None = None,
+    dtype: torch.dtype | None = None,
+    shards: int = 1,
+    seed: int = 0,
+) -> tuple[Path, Mapping[str, torch.Tensor]]:
+    """Write a `PlainDiT` checkpoint (single file, or shards + index), values in `dtype`.
+
+    Returns:
+        The path to hand a loader, and the state that was written.
+    """
+    with torch.device("meta"):
+        model = PlainDiT(config)
+    state = random_state(model, dtype=dtype, seed=seed)
+    return write_checkpoint(state, folder, shards=shards), state
 
 
 def dit_state(

@@ -95,5 +95,7 @@ class RewordedAdapter:
         self.capabilities = self._reference.capabilities
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):  # private and dunder names (pickling asks before __init__)
+            raise AttributeError(attribute)
         value = getattr(self._reference, attribute)
         return _rewording(value) if callable(value) else value

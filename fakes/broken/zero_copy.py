@@ -140,6 +140,26 @@ class AdoptsOffCpuTensors(PredicateDefect):
         return reference(q)
 
 
+class CopiesPlainParameters(PredicateDefect):
+    """Copies every parameter that has no `weight_loader` (plain torch layers: every diffusers
+    model) even when its tensor fits, as if ZC-2 refused it (ZC-2b)."""
+
+    name = "broken-copies-plain-parameters"
+    breaks = frozenset({"ZC-2b"})
+    also_fails = MappingProxyType(
+        {
+            "DG-5": DIRECT_MODE + "; the direct DiT load adopts its norms and embedding",
+            "ZC-9": "the offloaded DiT test pins which parameters are adopted with ZC-9",
+        }
+    )
+
+    def ask(self, q: Question) -> Verdict:
+        verdict = reference(q)
+        if verdict.adopt and "weight_loader" not in q.param.__dict__:
+            return Verdict(False, "ZC-2: the parameter has no weight_loader")
+        return verdict
+
+
 def fits(q: Question) -> bool:
     """ZC-6..8 alone: a plain parameter, no special flag, same shape, dtype, layout, strides."""
     return (
@@ -158,12 +178,7 @@ class TrustsUnboundLoaders(PredicateDefect):
     name = "broken-trusts-unbound-loaders"
     breaks = frozenset({"ZC-2"})
     also_fails = MappingProxyType(
-        {
-            "DG-5": DIRECT_MODE + "; a direct load adopts the DiT's pos_embed",
-            "ZC-5": "the TP tests pin that pos_embed (a plain-function loader) refuses by ZC-2",
-            "ZC-10": "the TP tests pin ZC-5 and ZC-10 together",
-            "ZC-14": "the load report test pins ZC-2 as pos_embed's refusal",
-        }
+        {"DG-5": DIRECT_MODE + "; a direct load adopts the DiT's pos_embed"}
     )
 
     def ask(self, q: Question) -> Verdict:
@@ -184,10 +199,8 @@ class AcceptsOverridingSubclasses(PredicateDefect):
     also_fails = MappingProxyType(
         {
             "DG-5": DIRECT_MODE + "; a direct load adopts the merged QKV layer",
-            "ZC-4": "the serialized FP8 test pins that the merged layer refuses by ZC-3",
-            "ZC-5": "the TP tests pin that the merged layer refuses by ZC-3",
-            "ZC-10": "the TP tests pin ZC-5 and ZC-10 together",
-            "ZC-14": "the load report test pins ZC-3 as the merged layer's refusal",
+            "ZC-14": "the serialized FP8 report test pins ZC-3 as the merged layer's first"
+            " failing condition (this loader reports ZC-4 for it)",
         }
     )
 
@@ -206,9 +219,7 @@ class IgnoresQuantMethod(PredicateDefect):
 
     name = "broken-ignores-quant-method"
     breaks = frozenset({"ZC-4"})
-    also_fails = MappingProxyType(
-        {"DG-5": DIRECT_MODE, "ZC-14": "the serialized FP8 test pins ZC-4 and ZC-14 together"}
-    )
+    also_fails = MappingProxyType({"DG-5": DIRECT_MODE})
 
     def ask(self, q: Question) -> Verdict:
         return reference(q, kinds=dataclasses.replace(q.kinds, unquantized_method=object))
@@ -220,7 +231,13 @@ class AdoptsTensorParallelShards(PredicateDefect):
     name = "broken-adopts-tp-shards"
     breaks = frozenset({"ZC-5"})
     also_fails = MappingProxyType(
-        {"DG-5": DIRECT_MODE, "ZC-10": "the TP tests pin ZC-5 and ZC-10 together"}
+        {
+            "DG-5": DIRECT_MODE,
+            "ZC-10": "the TP slice test pins ZC-5 and ZC-10 together (a row-parallel bias is"
+            " adopted)",
+            "ZC-14": "the TP report test pins ZC-5 as a shard's first failing condition (this"
+            " loader, never reading tp_size, reports ZC-8)",
+        }
     )
 
     def ask(self, q: Question) -> Verdict:

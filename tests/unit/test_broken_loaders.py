@@ -30,7 +30,7 @@ SLOW = "tests/unit/test_tp.py::test_tp2_over_torch_distributed"
 # Property-based: against a broken loader hypothesis shrinks each failing example, which takes
 # minutes; the corpus tests judge the same rules in seconds.
 PROPERTY_BASED = "test_fuzz.py"
-QUOTED_RULE = re.compile(r"[\"']([A-Z0-9]+-\d+)[\"']")
+QUOTED_RULE = re.compile(r"[\"']([A-Z0-9]+-\d+[a-z]?)[\"']")
 
 
 def contract_files(rules: frozenset[str]) -> list[Path]:
@@ -147,13 +147,20 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
     assert failed == {"ZC-14"}
 
 
+# What each plain-PyTorch baseline honours all the same: safetensors maps the file copy-on-write,
+# so `assign=True` never writes the checkpoint (ZC-13).
+HONOURED = {
+    "reference.baseline:PlainLoadStateDict": frozenset[str](),
+    "reference.baseline:PlainAssign": frozenset({"ZC-13"}),
+}
+
+
 @pytest.mark.selftest
-@pytest.mark.parametrize(
-    "spec", ["reference.baseline:PlainLoadStateDict", "reference.baseline:PlainAssign"]
-)
-def test_plain_pytorch_loading_fails_every_zero_copy_and_vae_rule(
+@pytest.mark.parametrize("spec", sorted(HONOURED))
+def test_plain_pytorch_loading_fails_the_zero_copy_and_vae_rules_it_does_not_honour(
     spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     judged = frozenset(r.id for r in RULES if r.level == "MUST" and r.section in ("ZC", "VAE"))
     failed = failed_rules(spec, contract_files(judged), tmp_path, monkeypatch)
-    assert sorted(judged - failed) == []
+    assert sorted(judged - HONOURED[spec] - failed) == []
+    assert sorted(HONOURED[spec] & failed) == []

@@ -1,14 +1,18 @@
 """Tensor parallelism: each rank loads exactly its slice, and sharded layers are never adopted.
 
 The sharding is done by the layers' own weight loaders on the copy path (ZC-10); zero-copy must
-refuse every sharded layer (ZC-5). One test loads both ranks in this process; the other starts two
-real processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank
-when the runtime device is CUDA and two GPUs are visible.
+refuse every sharded layer (ZC-5), while what every rank holds whole (replicated linears, plain
+torch parameters: ZC-2b) is still adopted. Adoption is judged from the outcome: an adopted
+parameter maps its own bytes of the checkpoint file (`fakes.file_maps`); a copy lies in memory no
+checkpoint file backs. One test loads both ranks in this process; the other starts two real
+processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank when
+the runtime device is CUDA and two GPUs are visible.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +25,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.file_maps import file_position, maps_missing, tensor_positions
 from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
@@ -29,6 +34,7 @@ from fakes.layers import (
     RowParallelLinear,
 )
 from reference.adapter import TENSOR_PARALLEL, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.selection import select_adapter
 
 pytestmark = [pytest.mark.capability(TENSOR_PARALLEL), pytest.mark.capability(ZERO_COPY)]
 
@@ -77,28 +83,58 @@ def reassemble(owner: nn.Module, leaf: str, shards: list[torch.Tensor]) -> torch
     return shards[0]
 
 
+def whole_on_every_rank(module: nn.Module, name: str) -> bool:
+    """Whether `name` is held whole by each rank: a replicated linear's or a plain torch
+    parameter (no weight_loader), which zero-copy adopts at any TP size (ZC-2b)."""
+    owner, _ = owner_of(module, name) if "." in name else (module, name)
+    param = module.get_parameter(name)
+    return isinstance(owner, ReplicatedLinear) or "weight_loader" not in param.__dict__
+
+
 def expected_rules(module: nn.Module) -> dict[str, str]:
-    """The first failing zero-copy condition of each parameter of a TP=2 TinyDiT on CPU."""
+    """The first failing zero-copy condition of each parameter of a sharded layer of a TP=2
+    TinyDiT on CPU (the merged QKV layer fails ZC-3 before its TP size is read)."""
     rules = {}
-    for name in module.state_dict():
+    for name, _ in module.named_parameters():
         owner, _ = owner_of(module, name) if "." in name else (module, name)
         if isinstance(owner, MergedColumnParallelLinear):
             rules[name] = "ZC-3"
         elif isinstance(owner, (ColumnParallelLinear, RowParallelLinear)):
             rules[name] = "ZC-5"
-        elif not isinstance(owner, ReplicatedLinear):
-            rules[name] = "ZC-2"
     return rules
 
 
+def adopted_params(module: nn.Module, path: Path) -> set[str]:
+    """The parameters whose memory is their own bytes of the checkpoint file."""
+    positions = tensor_positions(path)
+    return {n for n, p in module.named_parameters() if file_position(p) == positions.get(n)}
+
+
 def check_rank(
-    module: nn.Module, refusals: dict[str, str], state: dict[str, torch.Tensor], rank: int
+    module: nn.Module, state: dict[str, torch.Tensor], rank: int, path: Path | None
 ) -> None:
+    """Exactly this rank's slice everywhere; sharded layers copied, the rest adopted (when the
+    process's file mappings can be seen, `path` given)."""
     for name, tensor in module.state_dict().items():
         assert torch.equal(tensor, expected_shard(module, name, state[name], rank)), name
-    rules = {name: reason.split(":")[0] for name, reason in refusals.items()}
-    assert rules == expected_rules(module)
-    assert all(refusals[n] == "ZC-5: tp_size is 2" for n, rule in rules.items() if rule == "ZC-5")
+    if path is not None:
+        adopted = adopted_params(module, path)
+        assert adopted == {
+            n for n, _ in module.named_parameters() if whole_on_every_rank(module, n)
+        }
+
+
+def tp_load(
+    loader: LoaderAdapter, runtime_device: torch.device, path: Path, rank: int
+) -> tuple[nn.Module, dict[str, str]]:
+    """Load `rank` of a TP=2 TinyDiT; the module and the report's reason for each copy."""
+    module, report = loader.load_dit(
+        lambda: TinyDiT(tp_rank=rank, tp_size=WORLD).requires_grad_(True),
+        path,
+        plan=offload_plan(loader, runtime_device),
+        kinds=LINEAR_KINDS,
+    )
+    return module, {r.name: r.reason or "" for r in report.records if r.how == "copied"}
 
 
 @pytest.mark.rule("ZC-5", "ZC-10")
@@ -107,19 +143,48 @@ def test_each_rank_holds_exactly_its_slice(
     loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path)
-    module, report = loader.load_dit(
-        lambda: TinyDiT(tp_rank=rank, tp_size=WORLD),
-        path,
-        plan=offload_plan(loader, runtime_device),
-        kinds=LINEAR_KINDS,
-    )
-    check_rank(module, report.refusals, dict(state), rank)
+    module, _ = tp_load(loader, runtime_device, path, rank)
+    check_rank(module, dict(state), rank, path if maps_missing() is None else None)
+
+
+@pytest.mark.rule("ZC-2b")
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_each_rank_adopts_what_it_holds_whole(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+) -> None:
+    """Replicated linears and plain torch parameters (norms, the time embedding) are the same on
+    every rank: a TP rank adopts them from the file like a TP=1 load."""
+    reason = maps_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    path, _ = write_dit_checkpoint(tmp_path)
+    module, _ = tp_load(loader, runtime_device, path, rank)
+    whole = {n for n, _ in module.named_parameters() if whole_on_every_rank(module, n)}
+    assert sorted(whole - adopted_params(module, path)) == []
+    assert all(not module.get_parameter(n).requires_grad for n in whole)
+
+
+@pytest.mark.rule("ZC-14")
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_each_rank_reports_why_it_copied(
+    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+) -> None:
+    path, _ = write_dit_checkpoint(tmp_path)
+    module, copies = tp_load(loader, runtime_device, path, rank)
+    # only copies have a reason to report (a sharded layer adopted is ZC-5's to judge)
+    expected = {n: rule for n, rule in expected_rules(module).items() if n in copies}
+    assert expected
+    assert {n: copies[n].split(":")[0] for n in expected} == expected
 
 
 def run_rank(
-    rank: int, loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, backend: str
+    rank: int, spec: str | None, runtime_device: torch.device, tmp_path: Path, backend: str
 ) -> None:
-    """One TP rank, in its own process: load, check the slice, all-gather, compare, run."""
+    """One TP rank, in its own process: load, check the slice, all-gather, compare, run.
+
+    The rank resolves the loader under test from its SPEC (as the suite did: the `--loader`
+    value, else the inherited environment), so a loader need not survive pickling."""
+    loader = select_adapter(option=spec, environ=os.environ).adapter
     device = torch.device("cuda", rank) if backend == "nccl" else CPU
     if backend == "nccl":
         torch.cuda.set_device(device)
@@ -133,13 +198,10 @@ def run_rank(
     try:
         path = tmp_path / "ckpt" / "model.safetensors"
         state = safetensors.torch.load_file(path)
-        module, report = loader.load_dit(
-            lambda: TinyDiT(tp_rank=rank, tp_size=WORLD),
-            path,
-            plan=offload_plan(loader, runtime_device),
-            kinds=LINEAR_KINDS,
-        )
-        check_rank(module, report.refusals, state, rank)
+        module, _ = tp_load(loader, runtime_device, path, rank)
+        seen = maps_missing() is None
+        check_rank(module, state, rank, path if seen else None)
+        adopted = sorted(adopted_params(module, path)) if seen else None
         for name, param in module.named_parameters():
             shard = param.detach().to(device).contiguous()
             shards = [torch.empty_like(shard) for _ in range(WORLD)]
@@ -151,14 +213,17 @@ def run_rank(
         x, t = torch.randn(2, 5, 8, generator=generator), torch.tensor([1, 3])
         expected = original.to(device)(x.to(device), t.to(device))
         torch.testing.assert_close(module.to(device)(x.to(device), t.to(device)), expected)
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps(report.refusals))
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(adopted))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.rule("ZC-5", "ZC-10")
 def test_tp2_over_torch_distributed(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     backend = "gloo"
     if runtime_device.type == "cuda":
@@ -171,7 +236,7 @@ def test_tp2_over_torch_distributed(
     write_dit_checkpoint(tmp_path / "ckpt")
     context = mp.start_processes(
         run_rank,
-        args=(loader, runtime_device, tmp_path, backend),
+        args=(request.config.getoption("--loader"), runtime_device, tmp_path, backend),
         nprocs=WORLD,
         join=False,
         start_method="spawn",
@@ -182,9 +247,8 @@ def test_tp2_over_torch_distributed(
             for process in context.processes:
                 process.kill()
             pytest.fail(f"the {WORLD} ranks did not finish within 120 s")
-    refusals = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    assert refusals[0] == refusals[1]
-    assert "ZC-5: tp_size is 2" in refusals[0].values()
+    adopted = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert adopted[0] == adopted[1]  # what every rank holds whole, each adopts
 
 
 @pytest.mark.internal
