@@ -13,6 +13,7 @@ Each violator is a `StandardVAE` with exactly one thing changed.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,13 +283,55 @@ class SharedModuleVAE(StandardVAE):
         self.decoder.block.norm1 = self.encoder.block.norm1
 
 
-class UnrebuiltBufferVAE(StandardVAE):
-    """VAE-9: a non-persistent buffer that nothing rebuilds (stays on meta after a meta build)."""
+class PlainBufferVAE(StandardVAE):
+    """VAE-9: a frequency table computed in `__init__` and no hook to rebuild it, like every
+    diffusers class with such buffers. A build with `meta` as the default device leaves it on
+    meta; a loader must build it real (only parameters and persistent buffers on meta)."""
 
     def __init__(self, config: VAEConfig | None = None) -> None:
         super().__init__(config)
         c = self.config
         self.decoder.temporal = TemporalModulation(c.hidden, c.frames)
+
+
+class FollowingTemporalModulation(TemporalModulation):
+    """Computes its table on a given device: its owner passes the device of one of its own
+    parameters, as code that follows the module's device does. Under a meta build that device
+    is `meta`, so the table is on meta however the build treats buffers."""
+
+    def __init__(self, channels: int, frames: int, device: torch.device) -> None:
+        nn.Module.__init__(self)
+        self.channels, self.frames = channels, frames
+        self.register_buffer("freqs", frequency_table(channels, frames, device), persistent=False)
+
+
+class RebuildingFollowingTemporalModulation(FollowingTemporalModulation):
+    """The same, with the hook that recomputes the table after a meta build."""
+
+    def rebuild_buffers(self, device: torch.device) -> None:
+        self.freqs = frequency_table(self.channels, self.frames, torch.device("cpu")).to(device)
+
+
+class UnrebuiltBufferVAE(StandardVAE):
+    """VAE-9: a non-persistent buffer that a meta build leaves on meta (it follows a
+    parameter's device) and that nothing rebuilds: only an ordinary build can load it."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        device = self.decoder.conv_in.weight.device
+        self.decoder.temporal = FollowingTemporalModulation(c.hidden, c.frames, device)
+
+
+class RebuiltBufferVAE(StandardVAE):
+    """VAE-9: the buffer of `UnrebuiltBufferVAE` (on meta after a meta build), with the hook
+    that rebuilds it after the stream."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        device = self.decoder.conv_in.weight.device
+        self.decoder.temporal = RebuildingFollowingTemporalModulation(c.hidden, c.frames, device)
 
 
 class ExplicitDeviceTemporalModulation(TemporalModulation):
@@ -307,12 +350,131 @@ class ExplicitBufferVAE(StandardVAE):
         self.decoder.temporal = ExplicitDeviceTemporalModulation(c.hidden, c.frames)
 
 
+class TiedBufferVAE(StandardVAE):
+    """VAE-6: one persistent buffer registered under two names."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.register_buffer("latent_scale", self.latent_scale)
+
+
+class TiedBeforeRegistrationVAE(StandardVAE):
+    """VAE-6: one parameter object created first, then registered under two names (a build
+    that sends parameters to meta one registration at a time must keep them one tensor)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        shared = nn.Parameter(torch.ones(self.config.hidden))
+        self.encoder.block.norm2.weight = shared
+        self.decoder.block.norm2.weight = shared
+
+
+class IntegerParameterVAE(StandardVAE):
+    """VAE-10: an integer parameter (a codebook index table), frozen as torch requires."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        codes = torch.arange(self.config.hidden, dtype=torch.int32)
+        self.decoder.codes = nn.Parameter(codes, requires_grad=False)
+
+
+class HalfDecoderVAE(StandardVAE):
+    """Its decoder is built in float16 (float8 stays float8): slots of a 2-byte dtype, so a
+    bfloat16 file (same element size, other meaning) must be converted, not reinterpreted."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        for param in self.decoder.parameters():
+            if param.dtype == torch.float32:
+                param.data = param.data.to(torch.float16)
+
+
 class LazyVAE(StandardVAE):
     """VAE-4: a lazy layer, whose parameter shapes are settled by its first forward."""
 
     def __init__(self, config: VAEConfig | None = None) -> None:
         super().__init__(config)
         self.decoder.conv_in = nn.LazyConv3d(self.config.hidden, 3, padding=1)
+
+
+# --- every kind of user state-dict hook, and every override inherited from a user class -------
+
+
+def user_state_dict_hook() -> Callable[..., None]:
+    """A fresh user hook of any kind (torch refuses one function registered through both its
+    public and its private API); what it does does not matter, that it would be skipped does."""
+
+    def user_state_dict_hook(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    return user_state_dict_hook
+
+
+HOOK_KINDS: dict[str, dict[str, Any]] = {
+    "register_state_dict_pre_hook": {},
+    "_register_state_dict_hook": {},
+    "register_state_dict_post_hook": {},
+    "register_load_state_dict_pre_hook": {},
+    "_register_load_state_dict_pre_hook": {"with_module": True},
+    "register_load_state_dict_post_hook": {},
+}
+"""Each method user code registers a state-dict or load-state-dict hook with, and its
+keyword arguments."""
+
+
+def with_user_hook(kind: str, path: str) -> type[StandardVAE]:
+    """A `StandardVAE` whose submodule at `path` ("" for the root) gets a user hook of `kind`
+    (a key of HOOK_KINDS) in `__init__`."""
+
+    class HookedVAE(StandardVAE):
+        def __init__(self, config: VAEConfig | None = None) -> None:
+            super().__init__(config)
+            register: Any = getattr(self.get_submodule(path), kind)
+            register(user_state_dict_hook(), **HOOK_KINDS[kind])
+
+    HookedVAE.__qualname__ = HookedVAE.__name__ = f"HookedVAE_{kind}_{path or 'root'}"
+    return HookedVAE
+
+
+ABI_FUNCTIONS = ("state_dict", "_save_to_state_dict", "_load_from_state_dict", "load_state_dict")
+
+
+def overriding_base(function: str, module_name: str = __name__) -> type[nn.Module]:
+    """A user base class (an `nn.Module`) that overrides `function`, calling torch's own: code
+    that direct streaming would skip. `module_name` is where the class and the override claim
+    to live (a third-party package whose name starts like torch's)."""
+
+    def override(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return getattr(super(base, self), function)(*args, **kwargs)
+
+    base = type(f"UserBase_{function}", (nn.Module,), {function: override})
+    override.__module__ = base.__module__ = module_name
+    override.__qualname__ = f"{base.__qualname__}.{function}"
+    return base
+
+
+def with_inherited_override(
+    function: str, path: str, module_name: str = __name__
+) -> type[StandardVAE]:
+    """A `StandardVAE` whose module at `path` ("" for the root) inherits an override of
+    `function` from a user base class (see `overriding_base`), not from its own class."""
+    base = overriding_base(function, module_name)
+    if not path:
+        root = type(f"InheritsVAE_{function}", (StandardVAE, base), {})
+        root.__module__ = __name__
+        return root
+
+    class InheritsVAE(StandardVAE):
+        def __init__(self, config: VAEConfig | None = None) -> None:
+            super().__init__(config)
+            parent, _, name = path.rpartition(".")
+            old = self.get_submodule(path)
+            # The same layer, but its class also inherits the user base: same state, same values.
+            old.__class__ = type(type(old).__name__, (type(old), base), {})
+            setattr(self.get_submodule(parent), name, old)
+
+    InheritsVAE.__qualname__ = InheritsVAE.__name__ = f"InheritsVAE_{function}_{path}"
+    return InheritsVAE
 
 
 def randomized_state(model: nn.Module, seed: int) -> OrderedDict[str, torch.Tensor]:
@@ -335,7 +497,9 @@ class RecordingBuild:
 
     Attributes:
         built: every module built, in order.
-        built_on: for each, the device types its parameters and buffers had when built.
+        built_on: for each, the device types its state (parameters and persistent buffers) had
+            when built.
+        buffers_on: for each, the device type of each non-persistent buffer when built.
     """
 
     def __init__(self, cls: type[StandardVAE] = StandardVAE, config: VAEConfig | None = None):
@@ -343,9 +507,26 @@ class RecordingBuild:
         self.config = config or VAEConfig()
         self.built: list[nn.Module] = []
         self.built_on: list[set[str]] = []
+        self.buffers_on: list[dict[str, str]] = []
 
     def __call__(self) -> nn.Module:
         module = self.cls(self.config)
         self.built.append(module)
-        self.built_on.append({t.device.type for t in (*module.parameters(), *module.buffers())})
+        state, buffers = split_state(module)
+        self.built_on.append({t.device.type for t in state.values()})
+        self.buffers_on.append({name: t.device.type for name, t in buffers.items()})
         return module
+
+
+def split_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(parameters and persistent buffers, non-persistent buffers) of `module`, by name, read
+    from its registries (no state-dict code of the module runs)."""
+    state: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    buffers: dict[str, torch.Tensor] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for attr, buf in sub._buffers.items():
+            if buf is not None:
+                key = f"{path}.{attr}" if path else attr
+                target = buffers if attr in sub._non_persistent_buffers_set else state
+                target[key] = buf
+    return state, buffers

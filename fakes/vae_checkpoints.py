@@ -1,15 +1,14 @@
-"""VAE checkpoint writers (single file, sharded with an index, one defect each) and a read log.
+"""VAE checkpoint writers: single file, sharded with an index, and one defect each.
 
-The writers produce real safetensors files through `fakes.checkpoints.write_checkpoint`. The read
-log instruments `TensorReader.read` so a test can see how many checkpoint tensors were alive at
-each read: streaming must drop one before it asks for the next.
+The writers produce real safetensors files through `fakes.checkpoints.write_checkpoint`. What a
+loader read from them is judged from outside (`fakes.evidence.DataReads`), never by spying on a
+loader's reader.
 """
 
 from __future__ import annotations
 
 import json
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,13 +66,21 @@ def _write_duplicate(state: Mapping[str, torch.Tensor], folder: Path, name: str)
 
 
 def write_defective_vae_checkpoint(
-    defect: str, state: Mapping[str, torch.Tensor], folder: Path, *, shards: int = 2
+    defect: str,
+    state: Mapping[str, torch.Tensor],
+    folder: Path,
+    *,
+    shards: int = 2,
+    name: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> DefectiveCheckpoint:
-    """Write `state` with one defect.
+    """Write `state` with one defect, on the tensor `name` (a parameter or a persistent buffer;
+    by default the first name for duplicate, the last for missing, a float32 Conv3d weight for
+    wrong_shape and dtype).
 
-    duplicate: one name in two shards (always sharded); unknown: an extra tensor no slot takes;
-    missing: one tensor dropped; wrong_shape: a Conv3d weight flattened to 2-D (same bytes);
-    dtype: a float32 Conv3d weight stored as bfloat16 (a loader converts it back).
+    duplicate: the name in two shards (always sharded); unknown: an extra tensor no slot takes
+    (`name` defaults to UNKNOWN_NAME); missing: the tensor dropped; wrong_shape: the tensor
+    reshaped (same bytes); dtype: the tensor stored as `dtype` (a loader converts it back).
 
     Raises:
         ValueError: for an unknown defect.
@@ -81,54 +88,21 @@ def write_defective_vae_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     tensors = dict(state)
     if defect == "duplicate":
-        name = next(iter(tensors))
+        name = name or next(iter(tensors))
         return DefectiveCheckpoint(_write_duplicate(tensors, folder, name), defect, name)
     if defect == "unknown":
-        name = UNKNOWN_NAME
+        name = name or UNKNOWN_NAME
         tensors[name] = torch.zeros(2)
     elif defect == "missing":
-        name = list(tensors)[-1]
+        name = name or list(tensors)[-1]
         del tensors[name]
     elif defect == "wrong_shape":
-        name = _conv_weight(tensors)
-        tensors[name] = tensors[name].reshape(tensors[name].shape[0], -1)
+        name = name or _conv_weight(tensors)
+        t = tensors[name]
+        tensors[name] = t.reshape(t.shape[0], -1) if t.ndim > 2 else t.reshape(1, -1)
     elif defect == "dtype":
-        name = _conv_weight(tensors)
-        tensors[name] = tensors[name].to(torch.bfloat16)
+        name = name or _conv_weight(tensors)
+        tensors[name] = tensors[name].to(dtype)
     else:
         raise ValueError(f"unknown defect {defect!r}; known: {', '.join(DEFECTS)}")
     return DefectiveCheckpoint(write_checkpoint(tensors, folder, shards=shards), defect, name)
-
-
-class ReadLog:
-    """Wraps `TensorReader.read` to record what was read and what was still alive.
-
-    Install with `mocker.patch.object(TensorReader, "read", log.wrap(TensorReader.read))`.
-
-    Attributes:
-        names: tensor names in read order.
-        devices: the device each read asked for.
-        alive_at_read: for each read, how many tensors returned earlier were still alive.
-    """
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.devices: list[torch.device] = []
-        self.alive_at_read: list[int] = []
-        self._refs: list[weakref.ref[torch.Tensor]] = []
-
-    @property
-    def alive(self) -> int:
-        """How many tensors returned by `read` are alive now."""
-        return sum(ref() is not None for ref in self._refs)
-
-    def wrap(self, read: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def logged(reader: object, name: str, *, device: torch.device) -> torch.Tensor:
-            self.alive_at_read.append(self.alive)
-            tensor = read(reader, name, device=device)
-            self.names.append(name)
-            self.devices.append(device)
-            self._refs.append(weakref.ref(tensor))
-            return tensor
-
-        return logged

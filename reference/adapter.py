@@ -192,10 +192,11 @@ class LoaderAdapter(Protocol):
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
     ) -> tuple[torch.nn.Module, LoadReport]:
-        """Direct VAE load (VAE-1..13, CKPT-2/3): `build()` runs with `meta` as the default
-        device; the checkpoint's headers are checked against the slots before any tensor data is
-        read; tensors stream one at a time into their slots on `device`, converted to each
-        slot's dtype. Refusals raise ValueError subclasses; quantized or custom-code VAEs raise
+        """Direct VAE load (VAE-1..13, CKPT-2/3): `build()` puts parameters and persistent
+        buffers on `meta` while non-persistent buffers are computed for real (VAE-9); the
+        checkpoint's headers are checked against the slots before any tensor data is read;
+        tensors stream one at a time into their slots on `device`, converted to each slot's
+        dtype. Refusals raise ValueError subclasses; quantized or custom-code VAEs raise
         `ComponentCheckpointUnsupportedError` before `build` is called. The report holds one
         "streamed" record per tensor.
         """

@@ -42,6 +42,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "ShardHeader",
+    "StreamingReader",
     "TensorInfo",
     "TensorReader",
     "open_checkpoint",
@@ -281,3 +282,19 @@ class TensorReader:
     def close(self) -> None:
         """Drop the maps; tensors already handed out keep their own reference."""
         self._maps.clear()
+
+
+class StreamingReader(TensorReader):
+    """A `TensorReader` that keeps no map between reads: for loads that copy every tensor.
+
+    Each `read` maps the file afresh and the map lives only as long as the returned tensor, so
+    once a caller has copied a tensor and dropped it, its pages leave the process: resident
+    memory grows by the copies alone, never by the files (VAE-1). Adoption (zero-copy) needs
+    the maps kept, and uses `TensorReader`.
+    """
+
+    def read(self, name: str, *, device: torch.device) -> torch.Tensor:
+        try:
+            return super().read(name, device=device)
+        finally:
+            self._maps.clear()

@@ -6,7 +6,9 @@ machinery, so before any byte is read this module proves it:
 
   * every submodule (not only the root) uses `torch.nn.Module`'s `state_dict`,
     `_save_to_state_dict`, `_load_from_state_dict` and `load_state_dict`, or an override that torch
-    itself ships for a built-in layer (batch norm's versioned loading); user overrides are refused;
+    itself ships for a built-in layer (batch norm's versioned loading); a user override anywhere
+    in a class's MRO (its own class, a user base class, behind torch's override) is refused;
+    "torch's" means the module `torch` or `torch.*`, not a package named like it (`torchx`);
   * no state-dict or load-state-dict hook comes from user code (torch's own, such as weight norm's
     compatibility hook, are standard);
   * no tensor is registered under two names (tied parameters, a submodule under two paths);
@@ -74,10 +76,6 @@ def is_torch_code(obj: object) -> bool:
     return origin == "torch" or origin.startswith("torch.")
 
 
-def _defining_class(cls: type, name: str) -> type:
-    return next(klass for klass in cls.__mro__ if name in vars(klass))
-
-
 def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
     """VAE-2, VAE-3: every submodule uses torch's own state-dict functions and hooks.
 
@@ -92,15 +90,17 @@ def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
                     f" streaming needs torch's own state-dict functions. Remove the assignment or"
                     f" load {component} without direct loading"
                 )
-            owner = _defining_class(type(sub), name)
-            function = vars(owner)[name]
-            if not (is_torch_code(owner) and is_torch_code(function)):
-                raise StateDictABIError(
-                    f"{component}: {_where(path)} ({type(sub).__qualname__}) overrides {name}"
-                    f" in {owner.__module__}.{owner.__qualname__}; direct streaming writes slots"
-                    f" directly and would skip that code. Remove the override or load {component}"
-                    " without direct loading"
-                )
+            # Every definition along the MRO counts, not only the first: torch's own override
+            # (batch norm's) calls super(), which reaches a user base class behind it.
+            for owner in type(sub).__mro__:
+                function = vars(owner).get(name)
+                if function is not None and not (is_torch_code(owner) and is_torch_code(function)):
+                    raise StateDictABIError(
+                        f"{component}: {_where(path)} ({type(sub).__qualname__}) overrides"
+                        f" {name} in {owner.__module__}.{owner.__qualname__}; direct streaming"
+                        " writes slots directly and would skip that code. Remove the override"
+                        f" or load {component} without direct loading"
+                    )
         for table, kind in HOOK_TABLES.items():
             for hook in getattr(sub, table).values():
                 if not is_torch_code(hook):

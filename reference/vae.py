@@ -4,12 +4,17 @@ One load, in order:
   1. refusals (VAE-12): quantization or custom code (`auto_map`) in the config, a quantization
      request, or quantization declared in the checkpoint's own metadata;
   2. headers: `open_checkpoint` validates every file and the shard index (CKPT-2, CKPT-4);
-  3. build on `meta` (VAE-1): no parameter or buffer storage is allocated; a decode dtype the
-     VAE cannot hold is refused here (VAE-11);
+  3. build on `meta` (VAE-1, VAE-9): parameters and persistent buffers go to `meta` as they are
+     registered, while non-persistent buffers are computed as an ordinary construction computes
+     them (real values); a buffer construction itself leaves on meta with no
+     `rebuild_buffers(device)` hook to recompute it is refused here, as is a decode dtype the
+     VAE cannot hold (VAE-11);
   4. slots (VAE-2..6): the standard state-dict ABI on every submodule, no tied state;
   5. preflight (CKPT-3): names and shapes from the headers against the slots;
-  6. stream (VAE-1, VAE-7, VAE-10): one tensor at a time into its slot on `device`;
-  7. after the stream (VAE-8, VAE-9): non-persistent buffers rebuilt, state unchanged by hooks;
+  6. stream (VAE-1, VAE-7, VAE-10): one tensor at a time into its slot on `device`, each file
+     mapped only while its tensor is copied, so memory holds the module and one tensor;
+  7. after the stream (VAE-8, VAE-9): `rebuild_buffers` hooks run, buffers moved to `device`,
+     state unchanged by hooks;
   8. policy (VAE-11): channels_last_3d and decode dtype, as on the ordinary path.
 CPU and CUDA targets run the same code; the device is an argument (VAE-13). The caller gets a
 complete module or an exception, never a half-loaded module (CKPT-5).
@@ -18,13 +23,19 @@ complete module or an exception, never a half-loaded module (CKPT-5).
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
+from torch.nn.parameter import is_lazy
+from torch.utils.hooks import RemovableHandle
 
-from reference.checkpoint import TensorReader, open_checkpoint
+from reference.checkpoint import StreamingReader, open_checkpoint
 from reference.errors import ComponentCheckpointUnsupportedError
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
@@ -35,6 +46,7 @@ from reference.vae_postload import (
     apply_vae_policy,
     check_state_kept,
     rebuild_non_persistent_buffers,
+    refuse_unrebuildable_buffers,
     require_decode_dtype_support,
 )
 
@@ -83,16 +95,110 @@ def refuse_quantized_metadata(component: str, metadata: Mapping[str, str], file:
         )
 
 
+class _MetaState:
+    """Sends parameters and persistent buffers to `meta` as a module registers them.
+
+    Everything else that construction computes (non-persistent buffers: frequency tables,
+    wavelet filters, index ranges) runs as it always does, on the default device, so it holds
+    its real values (VAE-9). This is the way of accelerate's
+    `init_empty_weights(include_buffers=False)`, which diffusers' own low-memory load uses (so
+    every diffusers class builds under it), except that persistent buffers go to meta too: the
+    checkpoint fills them. One tensor registered under two names stays one tensor (ties are
+    kept for VAE-6).
+
+    Registration is intercepted through torch's global parameter-registration hook and a
+    wrapper of `nn.Module.register_buffer`; both act only in the thread (context) that is
+    building, and are removed when the last build ends.
+    """
+
+    active: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar(
+        "meta_state", default=None
+    )
+    lock = threading.Lock()
+    users = 0
+    hook: RemovableHandle | None = None
+    register_buffer = nn.Module.register_buffer
+
+    @classmethod
+    def to_meta(cls, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` on meta (same class, attributes, requires_grad), once per tensor."""
+        memo = cls.active.get()
+        if memo is None or tensor.is_meta or is_lazy(tensor):
+            return tensor
+        seen = memo.get(id(tensor))
+        if seen is None:
+            meta = torch.Tensor._make_subclass(
+                type(tensor), tensor.detach().to("meta"), tensor.requires_grad
+            )
+            meta.__dict__.update(tensor.__dict__)
+            # The original is kept so that its id is not reused while the build runs.
+            seen = memo[id(tensor)] = (tensor, meta)
+        return seen[1]
+
+    @classmethod
+    def on_parameter(cls, module: nn.Module, name: str, param: nn.Parameter) -> torch.Tensor:
+        return cls.to_meta(param)
+
+    @staticmethod
+    def on_buffer(
+        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+    ) -> None:
+        if tensor is not None and persistent:
+            tensor = _MetaState.to_meta(tensor)
+        _MetaState.register_buffer(module, name, tensor, persistent)
+
+    @classmethod
+    @contextmanager
+    def building(cls) -> Iterator[None]:
+        with cls.lock:
+            if cls.users == 0:
+                cls.hook = register_module_parameter_registration_hook(cls.on_parameter)  # type: ignore[arg-type]
+                nn.Module.register_buffer = cls.on_buffer  # type: ignore[method-assign,assignment]
+            cls.users += 1
+        token = cls.active.set({})
+        try:
+            yield
+        finally:
+            cls.active.reset(token)
+            with cls.lock:
+                cls.users -= 1
+                if cls.users == 0:
+                    nn.Module.register_buffer = cls.register_buffer  # type: ignore[method-assign]
+                    assert cls.hook is not None
+                    cls.hook.remove()
+
+    @classmethod
+    def settle(cls, module: nn.Module) -> None:
+        """Send to meta what bypassed registration (a tensor assigned over an existing buffer,
+        or written into `_parameters` directly), keeping ties."""
+        token = cls.active.set({})
+        try:
+            for sub in module.modules():
+                for attr, param in sub._parameters.items():
+                    if param is not None:
+                        sub._parameters[attr] = cls.to_meta(param)  # type: ignore[assignment]
+                for attr, buf in sub._buffers.items():
+                    if buf is not None and attr not in sub._non_persistent_buffers_set:
+                        sub._buffers[attr] = cls.to_meta(buf)
+        finally:
+            cls.active.reset(token)
+
+
 def build_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
-    """VAE-1: run `build()` with `meta` as the default device, so nothing is allocated.
+    """VAE-1, VAE-9: run `build()` with every parameter and persistent buffer on `meta`.
+
+    No parameter or persistent buffer storage is kept (each is sent to meta as it is
+    registered); non-persistent buffers are computed as an ordinary construction computes them,
+    so they hold their real values.
 
     Raises:
         TypeError: `build` did not return an `nn.Module`.
     """
-    with torch.device("meta"):
+    with _MetaState.building():
         module = build()
     if not isinstance(module, nn.Module):
         raise TypeError(f"{component}: build() returned {type(module).__name__}, not an nn.Module")
+    _MetaState.settle(module)
     return module
 
 
@@ -128,7 +234,8 @@ def load_vae(
     Raises:
         ComponentCheckpointUnsupportedError: VAE-12 refusals, before anything is built.
         CheckpointError: unreadable files or a disagreeing shard index.
-        StateDictABIError: a non-standard state-dict ABI, tied state, or buffers left on meta.
+        StateDictABIError: a non-standard state-dict ABI, tied state, or non-persistent
+            buffers on meta that no hook rebuilds (before any tensor data is read).
         StateMismatchError: unknown, missing or wrong-shape tensors, before any data is read.
         ArgumentError: a decode dtype the VAE cannot hold.
     """
@@ -137,11 +244,12 @@ def load_vae(
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.metadata, checkpoint.files[0].name)
     module = build_on_meta(build, component=component)
+    refuse_unrebuildable_buffers(module, component=component)
     if decode_dtype is not None:
         require_decode_dtype_support(module, decode_dtype, component=component)
     slots = state_slots(module, component=component)
     plan = preflight(checkpoint, slots, component=component)
-    reader = TensorReader(checkpoint)
+    reader = StreamingReader(checkpoint)
     try:
         records, filled = stream(reader, slots, plan, device=device)
     finally:

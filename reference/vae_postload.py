@@ -1,10 +1,12 @@
 """After the stream: non-persistent buffers, state checks, and the VAE's layout and dtype policy.
 
-Non-persistent buffers are not in any checkpoint: their values come from construction, and a
-module built on `meta` has none (VAE-9). A module says how to get them back with a
-`rebuild_buffers(device)` method on the submodule that owns them; a buffer that construction
-created with an explicit device is real already and is only moved. A buffer still on `meta` after
-that fails the load, naming it, instead of failing at decode time.
+Non-persistent buffers are not in any checkpoint: their values come from construction (VAE-9).
+The meta build (`reference.vae.build_on_meta`) keeps them real: it sends only parameters and
+persistent buffers to `meta`, so a buffer computed in `__init__` holds the value an ordinary
+construction gives it. A buffer that construction itself leaves on `meta` (one derived from a
+parameter, or made on `meta` on purpose) needs a `rebuild_buffers(device)` method on the
+submodule that owns it, which recomputes it after the stream; without one the load is refused
+right after the build, naming the buffers, before any tensor data is read.
 
 The policy steps (VAE-11) are the same functions an ordinary load runs: Conv3d weights to
 `channels_last_3d` when asked, and the decoder held in a decode dtype through the VAE's own
@@ -41,13 +43,42 @@ def _has_method(module: nn.Module, name: str) -> bool:
     return callable(getattr(type(module), name, None))
 
 
+def refuse_unrebuildable_buffers(module: nn.Module, *, component: str) -> tuple[str, ...]:
+    """VAE-9: right after the meta build, refuse buffers that nothing will give a value.
+
+    A non-persistent buffer on `meta` is acceptable only when the submodule that owns it has a
+    `rebuild_buffers(device)` method; checked before any tensor data is read.
+
+    Returns:
+        The names of the non-persistent buffers the hooks will rebuild.
+
+    Raises:
+        StateDictABIError: naming every buffer on meta whose owner has no such method.
+    """
+    on_meta = {
+        name: sub
+        for name, (sub, _) in non_persistent_buffers(module).items()
+        if module.get_buffer(name).is_meta
+    }
+    orphans = sorted(name for name, sub in on_meta.items() if not _has_method(sub, REBUILD_HOOK))
+    if orphans:
+        raise StateDictABIError(
+            f"{component}: non-persistent buffers {', '.join(orphans)} are on meta after the"
+            " meta build: construction made them from meta tensors, no checkpoint holds them,"
+            f" and their submodules have no {REBUILD_HOOK}(device) method to recompute them."
+            f" Drop the direct-loading flag for {component}, or give the owning submodule a"
+            f" {REBUILD_HOOK}(device) method"
+        )
+    return tuple(sorted(on_meta))
+
+
 def rebuild_non_persistent_buffers(
     module: nn.Module, *, device: torch.device, component: str
 ) -> tuple[str, ...]:
     """VAE-9: give every non-persistent buffer its constructed value on `device`, or fail.
 
-    Calls `rebuild_buffers(device)` on each submodule that defines it, then moves the real
-    non-persistent buffers to `device`.
+    Calls `rebuild_buffers(device)` on each submodule that defines it, then moves the
+    non-persistent buffers (real since construction, or rebuilt) to `device`.
 
     Returns:
         The names of the non-persistent buffers, all real and on `device`.
@@ -63,9 +94,9 @@ def rebuild_non_persistent_buffers(
     if on_meta:
         raise StateDictABIError(
             f"{component}: non-persistent buffers {', '.join(on_meta)} are still on meta after"
-            " loading; their values come from construction, which ran on meta, and no checkpoint"
-            f" holds them. Give the owning submodule a {REBUILD_HOOK}(device) method that"
-            " recomputes them, or create them with an explicit device in __init__"
+            f" the {REBUILD_HOOK}(device) methods ran; no checkpoint holds them. Make the"
+            f" method recompute every buffer it owns, or drop the direct-loading flag for"
+            f" {component}"
         )
     for name, (sub, attr) in buffers.items():
         sub._buffers[attr] = module.get_buffer(name).to(device)

@@ -49,6 +49,7 @@ from fakes.broken.plans import (
     DefaultPlanOnCpu,
     DefersResidentComponents,
     DisablesOffloadForOnlineFp8,
+    IgnoresCpuLoadDeclaration,
     LoadsOffloadedQuantizedOnCpu,
     MutablePlans,
     NeverLoadsOnCpu,
@@ -56,6 +57,7 @@ from fakes.broken.plans import (
     UnvalidatedPlans,
 )
 from fakes.broken.vae import (
+    BuildsBuffersOnMeta,
     CpuStreamKeepsFileViews,
     DropsUnknownTensors,
     FallsBackForQuantizedVae,
@@ -64,6 +66,7 @@ from fakes.broken.vae import (
     KeepsFileDtype,
     LetsMetaBuffersThrough,
     ReadsWholeVaeCheckpoint,
+    RefusesMetaBuffersLate,
     SkipsStateCheckAfterHooks,
     ToleratesMissingSlots,
 )
@@ -75,6 +78,7 @@ from fakes.broken.zero_copy import (
     AdoptsTensorParallelShards,
     AdoptsTransposedViews,
     CopiesInDirectMode,
+    CopiesPlainParameters,
     IgnoresQuantMethod,
     IgnoresShardedWeightFlag,
     TrustsUnboundLoaders,
@@ -88,10 +92,12 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     DefaultPlanOnCpu,
     NeverLoadsOnCpu,
     LoadsOffloadedQuantizedOnCpu,
+    IgnoresCpuLoadDeclaration,
     ProcessesSerializedCheckpoints,
     DisablesOffloadForOnlineFp8,
     # the zero-copy predicate
     AdoptsOffCpuTensors,
+    CopiesPlainParameters,
     TrustsUnboundLoaders,
     AcceptsOverridingSubclasses,
     IgnoresQuantMethod,
@@ -122,6 +128,8 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     KeepsFileDtype,
     ToleratesMissingSlots,
     LetsMetaBuffersThrough,
+    RefusesMetaBuffersLate,
+    BuildsBuffersOnMeta,
     FreezesStreamedParameters,
     IgnoresChannelsLast,
     FallsBackForQuantizedVae,

@@ -81,15 +81,9 @@ class ReadsWholeVaeCheckpoint(VAEDefect):
 
     name = "broken-reads-whole-vae-checkpoint"
     breaks = frozenset({"VAE-1"})
-    also_fails = MappingProxyType(
-        {
-            "VAE-13": "both tests of VAE-13 pin VAE-1 too",
-            "CKPT-2": "the sharded VAE test pins that each tensor is read once, on its own",
-        }
-    )
 
     def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, TensorReader=WholeFileReader)
+        return swapped(vae, StreamingReader=WholeFileReader)
 
 
 def drop_unknown(
@@ -189,15 +183,57 @@ def rebuild_what_can_be_rebuilt(
         return ()
 
 
+def accept_every_buffer(module: nn.Module, *, component: str) -> tuple[str, ...]:
+    """Does not look at non-persistent buffers after the meta build."""
+    return ()
+
+
 class LetsMetaBuffersThrough(VAEDefect):
     """Hands out a VAE whose non-persistent buffers nothing rebuilt: they stay on meta until
-    decode time (VAE-9)."""
+    decode time (VAE-9), as upstream did before 0.5.23."""
 
     name = "broken-lets-meta-buffers-through"
     breaks = frozenset({"VAE-9"})
 
     def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, rebuild_non_persistent_buffers=rebuild_what_can_be_rebuilt)
+        return swapped(
+            vae,
+            refuse_unrebuildable_buffers=accept_every_buffer,
+            rebuild_non_persistent_buffers=rebuild_what_can_be_rebuilt,
+        )
+
+
+class RefusesMetaBuffersLate(VAEDefect):
+    """Refuses buffers nothing rebuilds only after the stream, once every tensor was read (as
+    upstream 0.5.23 does at finalisation), not right after the meta build (VAE-9)."""
+
+    name = "broken-refuses-meta-buffers-late"
+    breaks = frozenset({"VAE-9"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, refuse_unrebuildable_buffers=accept_every_buffer)
+
+
+def build_everything_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
+    """Runs `build()` with `meta` as the default device: non-persistent buffers computed in
+    `__init__` end up on meta with everything else."""
+    with torch.device("meta"):
+        module = build()
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{component}: build() returned {type(module).__name__}")
+    return module
+
+
+class BuildsBuffersOnMeta(VAEDefect):
+    """Builds the whole VAE under `torch.device("meta")`, so buffers computed in `__init__`
+    (every diffusers class's) are on meta and, with no hook to rebuild them, refused: a class
+    the user does not own cannot load (VAE-9 asks to build them real)."""
+
+    name = "broken-builds-buffers-on-meta"
+    breaks = frozenset({"VAE-9"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(vae, build_on_meta=build_everything_on_meta)
 
 
 class FreezesStreamedParameters(VAEDefect):

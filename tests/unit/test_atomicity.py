@@ -23,6 +23,7 @@ from fakes.checkpoints import write_checkpoint
 from fakes.corpus_models import CorpusDiT, corpus_pipeline, mark, survivors, while_building
 from fakes.corrupt import small_state, write_bad_checkpoint
 from fakes.guards import Seal, failure_of, sealing
+from fakes.judge import assert_names
 from fakes.layers import LINEAR_KINDS, ReplicatedLinear
 from fakes.load_paths import (
     CAPABILITY,
@@ -41,7 +42,7 @@ from reference.adapter import (
     PlanLike,
 )
 from reference.checkpoint import TensorReader
-from reference.errors import CheckpointError, QuantizationLoadError
+from reference.errors import CheckpointError
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
@@ -97,12 +98,13 @@ def test_shard_cut_during_the_load_leaves_nothing_behind(
     since = mark()
     with while_building(cutter(folder / CUT_SHARD, sealed)):
         error = failure_of(load)
-    assert isinstance(error, CheckpointError), f"{type(error).__name__}: {error}"
-    assert (Path(error.file).name, error.entry) == (CUT_SHARD, "proj.bias")
+    assert isinstance(error, ValueError), f"{type(error).__name__}: {error}"
+    assert_names(error, CUT_SHARD, "proj.bias")
     assert survivors(since) == [], "the half-loaded model is still reachable"
 
 
 @pytest.mark.internal
+@pytest.mark.reference_only("spies on the reference's own reader")
 @pytest.mark.parametrize("path", ["dit-adopt", "dit-direct", "vae-stream", "transformer"])
 def test_reference_cut_lands_after_the_first_tensors_were_read(
     loader: LoaderAdapter,
@@ -147,7 +149,8 @@ def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
             quantization=QuantizationSpec("fp8"),
         )
     )
-    assert isinstance(error, QuantizationLoadError), f"{type(error).__name__}: {error}"
+    # FP8-5 names no error type: the load must raise (failure_of), naming what was asked for.
+    assert_names(error, "fp8")
     assert survivors(since) == [], "the loaded-but-refused model is still reachable"
 
 
@@ -232,8 +235,8 @@ def test_two_names_over_overlapping_bytes_in_a_file_are_refused(
     error = failure_of(
         lambda: load_checkpoint(path, loader, bad.path, runtime_device=runtime_device)
     )
-    assert isinstance(error, CheckpointError), f"{type(error).__name__}: {error}"
-    assert (Path(error.file).name, error.entry) == (bad.file, bad.entry)
+    assert isinstance(error, ValueError), f"{type(error).__name__}: {error}"
+    assert_names(error, bad.file, *([bad.entry] if bad.entry else []))
     assert survivors(since) == []
 
 
@@ -266,7 +269,10 @@ def test_direct_mode_adopts_shared_or_overlapping_device_bytes_once(
         module = pair()
         report = loader.load_full_state(module, tensors, plan=plan, kinds=LINEAR_KINDS)
         assert report.adopted[0] == 1, what
-        assert report.refusals["b.weight"].startswith("ZC-12: "), what
+        a, b = module.get_parameter("a.weight"), module.get_parameter("b.weight")
+        if device.type != "meta":  # meta tensors have neither values nor addresses
+            assert torch.equal(b, dict(tensors)["b.weight"]), what
+            assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr(), what
     module = pair()
     disjoint = [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[12:24].view(4, 3))]
     report = loader.load_full_state(module, disjoint, plan=plan, kinds=LINEAR_KINDS)

@@ -49,6 +49,7 @@ def assert_refused_in_one_line(
     assert words in result.stderr
 
 
+@pytest.mark.reference_only("runs the reference's own command line")
 @pytest.mark.parametrize(
     ("component", "case"),
     [("transformer", "truncated-in-data"), ("vae", "index-names-missing-shard")],
@@ -65,6 +66,7 @@ def test_corrupt_weights_end_the_command_with_one_line(
     assert seal.broken() == []
 
 
+@pytest.mark.reference_only("runs the reference's own command line")
 def test_pickle_weights_are_refused_and_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "unpickled.txt"
     folder = corpus_pipeline(tmp_path / "pipeline", emptied="transformer")
