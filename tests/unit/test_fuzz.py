@@ -25,6 +25,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# hypothesis comes with the [test] extra; a runner with only the GPU tier's packages skips these.
+pytest.importorskip("hypothesis", reason="property-based tests need hypothesis ([test] extra)")
+
 from hypothesis import event, given
 from hypothesis import strategies as st
 

@@ -110,7 +110,7 @@ def test_report_shape_and_summary() -> None:
     assert report["loader"] == {"name": "x", "source": "test", "capabilities": ["plans"]}
     json.dumps(report)
     lines = summary_lines(report)
-    assert lines[0] == "conformance of x on cpu: 1 passed, 62 untested"
+    assert lines[0] == "conformance of x on cpu: 1 passed, 63 untested"
     assert lines[1] == "  PLAN  passed 1; untested 2,3,4"
 
 
