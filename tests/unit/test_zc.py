@@ -580,6 +580,7 @@ def test_a_copy_off_cpu_is_reported_as_zc1(
 # --- the reference's own reasons ----------------------------------------------------------------
 
 
+@pytest.mark.rule("ZC-14")
 @pytest.mark.reference_only("the reference's reason strings")
 def test_reference_reasons_name_the_condition(
     loader: LoaderAdapter, direct_device: torch.device
