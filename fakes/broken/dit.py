@@ -152,6 +152,11 @@ class KeepsCheckpointDtype(DiTDefect):
             "ZC-10": "the converted-once test pins ZC-10 and ZC-11 together",
             "ZC-2b": "the plain-torch tests pin ZC-2b and ZC-11 together (converted once when"
             " the dtype differs)",
+            "ZC-8": "the truth table's plain-parameter dtype rows (ZC-8) load the tensor and judge"
+            " that the copy holds the parameter's dtype",
+            "DG-5": "the same rows in direct mode pin DG-5",
+            "ZC-14": "an int32 tensor kept for a float parameter that requires grad crashes the"
+            " load whose report the ZC-14 row reads",
         }
     )
 
