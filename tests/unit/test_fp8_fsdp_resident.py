@@ -1,0 +1,56 @@
+"""FP8-4 for a resident component: under FSDP the post-process device is dropped too.
+
+test_fp8.py pins the offloaded case (override and deferral both set); here the plan has a
+post-process device and no deferral, which FSDP must drop all the same, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from reference.adapter import FP8_DEFER, PLANS, LoaderAdapter
+from reference.quantization import QuantizationSpec
+
+pytestmark = [pytest.mark.capability(PLANS), pytest.mark.capability(FP8_DEFER)]
+
+
+@pytest.mark.rule("FP8-4")
+def test_fsdp_drops_the_post_process_device_of_a_resident_component(
+    loader: LoaderAdapter,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = QuantizationSpec("fp8")
+    path, _ = write_dit_checkpoint(tmp_path)
+    plan = loader.plan_for_component(
+        checkpoint_load_device=runtime_device,
+        needs_device_weight_postprocess=True,
+        component_cpu_offload=False,
+    )
+    assert plan.weight_postprocess_device is not None
+    assert plan.defer_cpu_offload is False
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, report = loader.load_dit(
+            lambda: TinyDiT(quantization=spec),
+            path,
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+            fsdp=True,
+        )
+    seen = [str(w.message) for w in caught] + [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+    ]
+    assert seen, "the post-process device was dropped without a warning"
+    assert report.plan.weight_postprocess_device is None
+    assert report.plan.defer_cpu_offload is False
+    assert report.plan.checkpoint_load_device == plan.checkpoint_load_device
