@@ -545,6 +545,7 @@ def test_names_that_do_not_fit_are_refused_leaving_the_module_untouched(
     assert all(p.is_meta for p in module.parameters())
 
 
+@pytest.mark.rule("CKPT-5")
 @pytest.mark.reference_only("the reference's wording of a name mismatch")
 @pytest.mark.parametrize(
     ("names", "words"),
@@ -585,6 +586,7 @@ def test_checkpoint_names_are_checked_before_any_tensor_is_read(
     reads.assert_no_data_read(data_bytes(*safetensors_files(path)))
 
 
+@pytest.mark.rule("CKPT-5")
 @pytest.mark.reference_only("the reference's wording of a preflight mismatch")
 def test_reference_words_a_preflight_mismatch(
     loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
@@ -728,6 +730,7 @@ def test_serialized_fp8_copies_are_reported_for_their_quant_method(
             assert copies[name].startswith(f"{rule}: "), (name, copies[name])
 
 
+@pytest.mark.rule("ZC-11")
 @pytest.mark.reference_only("the SPEC leaves a persistent buffer's adopt-or-copy free")
 def test_reference_copies_persistent_buffers(loader: LoaderAdapter, offload_plan: PlanLike) -> None:
     module = built_plain()
