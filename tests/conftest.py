@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from reference import platform
-from reference.adapter import LoaderAdapter
+from reference.adapter import LoaderAdapter, PlanLike
 from reference.conformance import (
     Outcome,
     TestOutcome,
@@ -288,6 +288,20 @@ def loader(conformance: Conformance) -> LoaderAdapter:
 def runtime_device(conformance: Conformance) -> torch.device:
     """The device contract tests load onto: cpu in the unit tier, cuda in the gpu tier."""
     return torch.device(conformance.device)
+
+
+@pytest.fixture
+def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
+    """The plan of an unquantized, CPU-offloaded DiT, from the loader under test: it loads on
+    CPU, where adoption happens."""
+    device = loader.resolve_checkpoint_load_device(
+        runtime_device, component_cpu_offload=True, quantization=None
+    )
+    return loader.plan_for_component(
+        checkpoint_load_device=device,
+        needs_device_weight_postprocess=False,
+        component_cpu_offload=True,
+    )
 
 
 @pytest.fixture

@@ -154,19 +154,6 @@ def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
     assert survivors(since) == [], "the loaded-but-refused model is still reachable"
 
 
-@pytest.fixture
-def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
-    """The plan of an unquantized, CPU-offloaded DiT: it loads on CPU, where adoption happens."""
-    device = loader.resolve_checkpoint_load_device(
-        runtime_device, component_cpu_offload=True, quantization=None
-    )
-    return loader.plan_for_component(
-        checkpoint_load_device=device,
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
-
-
 # --- checkpoint files are never written (ZC-13, CKPT-5) ------------------------------------------
 
 

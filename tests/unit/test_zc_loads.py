@@ -54,19 +54,6 @@ BIG = DiTConfig(hidden=512, heads=8, depth=3)
 
 
 @pytest.fixture
-def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
-    """The plan of an unquantized, CPU-offloaded DiT: it loads on CPU, where adoption happens."""
-    device = loader.resolve_checkpoint_load_device(
-        runtime_device, component_cpu_offload=True, quantization=None
-    )
-    return loader.plan_for_component(
-        checkpoint_load_device=device,
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
-
-
-@pytest.fixture
 def direct_device(runtime_device: torch.device) -> torch.device:
     """Where direct mode loads: the runtime device, or `meta` when that is the CPU."""
     return runtime_device if runtime_device.type != "cpu" else META
