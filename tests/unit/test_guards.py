@@ -136,9 +136,8 @@ def test_data_reads_see_read_calls_and_touched_pages_but_not_headers(tmp_path: P
     path = write_checkpoint({"w": torch.randn(4 << 20)}, tmp_path)  # 16 MiB of data
     data = data_bytes(path)
     assert data == 16 << 20
-    with DataReads() as headers:
-        with path.open("rb") as f:
-            f.read(4096)
+    with DataReads() as headers, path.open("rb") as f:
+        f.read(4096)
     headers.assert_no_data_read(data)
     assert headers.opened_any([path]) == [str(path)]
     with DataReads() as reads, path.open("rb") as f:
