@@ -112,3 +112,59 @@ def write_bench_checkpoints(folder: Path, shapes: BenchShapes) -> tuple[Path, Pa
         paths.append(write_checkpoint(state, folder / name))
         del state
     return paths[0], paths[1]
+
+
+# --- a real diffusers DiT of about the same size (the [diffusers] extra) --------------------------
+
+DIFFUSERS_HEAD_DIM = 64
+MAX_DIFFUSERS_HEADS = 16
+
+
+def diffusers_dit_config(target: int) -> dict[str, object]:
+    """A `WanTransformer3DModel` config of about `target` bytes of float32 weights.
+
+    A Wan block holds about 16 * dim**2 values (self- and cross-attention, a 4x feed-forward);
+    the width grows with the target up to 16 heads of 64, then blocks are added (at least 4).
+    """
+    heads = MAX_DIFFUSERS_HEADS
+    while heads > 1 and 64 * (heads * DIFFUSERS_HEAD_DIM) ** 2 > target // 4:
+        heads //= 2
+    dim = heads * DIFFUSERS_HEAD_DIM
+    layers = max(1, round(target / (64 * dim * dim)))
+    return {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": heads,
+        "attention_head_dim": DIFFUSERS_HEAD_DIM,
+        "in_channels": 4,
+        "out_channels": 4,
+        "text_dim": dim,
+        "freq_dim": 64,
+        "ffn_dim": 4 * dim,
+        "num_layers": layers,
+        "rope_max_seq_len": 64,
+    }
+
+
+def write_diffusers_bench(folder: Path, target: int) -> Path:
+    """A one-component Hub-layout pipeline in `folder`: model_index.json and a `transformer`
+    (`WanTransformer3DModel` of about `target` bytes) written by diffusers' `save_pretrained`.
+
+    Returns the transformer's folder.
+
+    Raises:
+        ImportError: diffusers is not installed.
+    """
+    import importlib
+    import json
+
+    diffusers = importlib.import_module("diffusers")
+    model = diffusers.WanTransformer3DModel(**diffusers_dit_config(target))
+    transformer = folder / "transformer"
+    model.save_pretrained(str(transformer))
+    index = {
+        "_class_name": "WanPipeline",
+        "_diffusers_version": diffusers.__version__,
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+    }
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    return transformer

@@ -3,8 +3,9 @@
 Besides the linears it has parameters without `weight_loader` (norms, a time embedding), one
 parameter with a plain-function loader (`pos_embed`), a persistent buffer (`time_scale`, in the
 checkpoint) and a non-persistent buffer (`freqs`, not in it) computed in `__init__`. Built on
-`meta`, that buffer is meta too; the module's `init_non_persistent_buffers(device)` hook
-recomputes it after loading.
+`meta` (the CPU tier's direct device), that buffer is meta too; the module's
+`rebuild_buffers(device)` hook recomputes it after loading. (The reference's build keeps it real
+on any other device.)
 
 `PlainDiT` is made of plain torch layers only (linear, conv, norm, embedding), as every diffusers
 model is: none of its parameters carries a `weight_loader` (ZC-2b).
@@ -143,7 +144,7 @@ class TinyDiT(nn.Module):
         self.head = ReplicatedLinear(h, config.in_channels, params_dtype=dtype)
         self.register_buffer("freqs", rotary_freqs(h), persistent=False)
 
-    def init_non_persistent_buffers(self, device: torch.device) -> None:
+    def rebuild_buffers(self, device: torch.device) -> None:
         """Recompute the buffers construction computed (they are not in the checkpoint)."""
         self.freqs = rotary_freqs(self.config.hidden, device)
 

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from reference.bench_paths import PATHS
+from reference.bench_paths import DIFFUSERS_FOLDER, PATHS, PathSpec, library_missing
 from reference.bench_ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
 from reference.platform import SYSTEM, Platform, describe
@@ -59,13 +59,25 @@ def checkpoint_facts(path: Path) -> dict[str, int]:
 
 
 def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
-    """Write the DiT and VAE checkpoints of one size and describe them."""
-    from fakes.bench import BenchShapes, write_bench_checkpoints
+    """Write the DiT and VAE checkpoints of one size and describe them; with diffusers
+    installed, also a diffusers Wan DiT of about the same size (`ddit`)."""
+    from fakes.bench import BenchShapes, write_bench_checkpoints, write_diffusers_bench
 
     shapes = BenchShapes.for_bytes(size_mib * MIB)
     dit, vae = write_bench_checkpoints(folder, shapes)
     (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
-    return {"size_mib": size_mib, "dit": checkpoint_facts(dit), "vae": checkpoint_facts(vae)}
+    facts = {"size_mib": size_mib, "dit": checkpoint_facts(dit), "vae": checkpoint_facts(vae)}
+    if library_missing("diffusers") is None:
+        ddit = write_diffusers_bench(folder / DIFFUSERS_FOLDER, size_mib * MIB)
+        facts["ddit"] = checkpoint_facts(ddit)
+    return facts
+
+
+def unavailable(spec: PathSpec, no_cuda: str | None) -> str | None:
+    """Why a path cannot run here (no CUDA, a missing library), or None."""
+    if spec.cuda and no_cuda is not None:
+        return no_cuda
+    return library_missing(spec.library)
 
 
 def median_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -102,8 +114,10 @@ class ServerRunner:
 
     def close(self) -> None:
         assert self.process.stdin is not None
+        assert self.process.stdout is not None
         self.process.stdin.close()
         self.process.wait()
+        self.process.stdout.close()
 
 
 def measure_size(
@@ -120,7 +134,7 @@ def measure_size(
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
     for _ in range(reps):
         for name, spec in PATHS.items():
-            if spec.cuda and no_cuda is not None:
+            if unavailable(spec, no_cuda) is not None:
                 continue
             for mode in ("time", "memory"):
                 job: dict[str, Any] = {"path": name, "folder": str(folder), "mode": mode}
@@ -131,8 +145,9 @@ def measure_size(
                 runs[name].append(result)
     paths: dict[str, dict[str, Any]] = {}
     for name, spec in PATHS.items():
-        if spec.cuda and no_cuda is not None:
-            paths[name] = {"skipped": no_cuda, "about": spec.about}
+        reason = unavailable(spec, no_cuda)
+        if reason is not None:
+            paths[name] = {"skipped": reason, "about": spec.about}
             continue
         figures: dict[str, Any] = median_figures(runs[name])
         figures |= {"bytes": facts[spec.model]["bytes"], "model": spec.model, "about": spec.about}

@@ -35,6 +35,19 @@ from reference.vae import load_vae
 
 CUDA = torch.device("cuda", 0)
 MODES = ("time", "memory")
+DIFFUSERS_FOLDER = "ddit"
+"""The benchmark folder's diffusers pipeline (written when diffusers is installed)."""
+
+
+def library_missing(library: str | None) -> str | None:
+    """Why a path's optional library cannot be used here, or None."""
+    if library is None:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec(library) is None:
+        return f"{library} is not installed (pip install 'diffusion-loader-conformance[{library}]')"
+    return None
 
 
 @dataclass
@@ -48,6 +61,9 @@ class Loaded:
     adopted: int = 0
     copied: int | None = None
     streamed: int = 0
+    # For a loader that reports no fates: bytes whose storage is a map of one of these files
+    # count as adopted, the rest as copied (read off /proc/self/maps after the clock stops).
+    mapped_from: tuple[Path, ...] = ()
 
     def tensors(self) -> list[torch.Tensor]:
         if isinstance(self.result, torch.Tensor):
@@ -93,6 +109,23 @@ def from_report(module: nn.Module, report: LoadReport) -> Loaded:
     )
 
 
+def file_mapped_bytes(tensors: list[torch.Tensor], files: tuple[Path, ...]) -> int:
+    """Bytes of `tensors` whose first byte lies in a memory map of one of `files`."""
+    wanted = {str(path.resolve()) for path in files}
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() in wanted:
+                start, end = (int(part, 16) for part in fields[0].split("-"))
+                ranges.append((start, end))
+    return sum(
+        t.nbytes
+        for t in tensors
+        if t.device.type == "cpu" and any(s <= t.data_ptr() < e for s, e in ranges)
+    )
+
+
 def read_all(tensors: list[torch.Tensor]) -> int:
     """Read every byte of every tensor once (a max over its bytes); returns a checksum.
 
@@ -126,6 +159,32 @@ def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
         job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
     )
     return from_report(module, report)
+
+
+def diffusers_transformer(job: Job) -> Any:
+    """The `transformer` component of the benchmark's diffusers pipeline (`ddit/`)."""
+    from reference.pipeline import read_pipeline
+
+    return read_pipeline(job.folder / DIFFUSERS_FOLDER).component("transformer")
+
+
+def ddit_zero_copy(job: Job) -> Loaded:
+    """The reference's pipeline loader on a diffusers DiT under CPU offload (ZC-2b)."""
+    from reference.args import ServerArgs
+    from reference.model_loaders import TransformerLoader
+
+    args = ServerArgs(runtime_device=CPU, dit_cpu_offload=True)
+    loaded = TransformerLoader().load(diffusers_transformer(job), args)
+    return from_report(loaded.module, loaded.report)
+
+
+def ddit_from_pretrained(job: Job) -> Loaded:
+    """diffusers' own `from_pretrained` of the same folder, with its defaults."""
+    import diffusers
+
+    spec = diffusers_transformer(job)
+    module: nn.Module = getattr(diffusers, spec.class_name).from_pretrained(str(spec.folder))
+    return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
 
 
 def vae_stream(job: Job, *, device: torch.device) -> Loaded:
@@ -201,8 +260,9 @@ class PathSpec:
     """A measured path: its load, whether it needs CUDA, and its untimed setup."""
 
     load: Callable[[Job, Any], Loaded]
-    model: str = "dit"  # whose checkpoint it reads: "dit" or "vae"
+    model: str = "dit"  # whose checkpoint it reads: "dit", "vae" or "ddit" (diffusers DiT)
     cuda: bool = False
+    library: str | None = None  # an optional library the path needs ("diffusers")
     setup: Callable[[Job], Any] = lambda job: None
     about: str = ""
 
@@ -241,6 +301,18 @@ PATHS: dict[str, PathSpec] = {
     "load_file_assign": PathSpec(
         lambda job, _: state_dict_load(job, "dit", assign=True),
         about="DiT baseline: load_file + load_state_dict(assign=True) on meta",
+    ),
+    "ddit_zero_copy": PathSpec(
+        lambda job, _: ddit_zero_copy(job),
+        model="ddit",
+        library="diffusers",
+        about="reference pipeline loader, diffusers Wan DiT, CPU offload (zero-copy)",
+    ),
+    "ddit_pretrained": PathSpec(
+        lambda job, _: ddit_from_pretrained(job),
+        model="ddit",
+        library="diffusers",
+        about="diffusers' from_pretrained of the same Wan DiT",
     ),
     "readinto": PathSpec(lambda job, _: readinto(job), about="limit: one readinto, fresh buffer"),
     "pinned_h2d": PathSpec(
@@ -309,6 +381,9 @@ def run(job: Job) -> dict[str, Any]:
         }
     total = sum(t.nbytes for t in tensors)
     host = sum(t.nbytes for t in tensors if t.device.type == "cpu")
+    if loaded.mapped_from:
+        loaded.adopted = file_mapped_bytes(tensors, loaded.mapped_from)
+        loaded.copied = total - loaded.adopted
     result |= {
         "adopted": loaded.adopted,
         "copied": total if loaded.copied is None else loaded.copied,

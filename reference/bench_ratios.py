@@ -73,6 +73,27 @@ RATIOS = (
         ("vae_ordinary",),
     ),
     Ratio(
+        "diffusers_zero_copy_anon_over_checkpoint",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "ddit_zero_copy", "anon_peak") / s["ddit"]["bytes"],
+        ("ddit_zero_copy",),
+    ),
+    Ratio(
+        "diffusers_time_over_from_pretrained",
+        "",
+        None,
+        lambda s: _fig(s, "ddit_zero_copy", "load_s") / _fig(s, "ddit_pretrained", "load_s"),
+        ("ddit_zero_copy", "ddit_pretrained"),
+    ),
+    Ratio(
+        "from_pretrained_anon_over_checkpoint",
+        "",
+        None,
+        lambda s: _fig(s, "ddit_pretrained", "anon_peak") / s["ddit"]["bytes"],
+        ("ddit_pretrained",),
+    ),
+    Ratio(
         "direct_dit_peak_device_over_model",
         "<=",
         lambda s: 1.0 + s["dit"]["largest_tensor_bytes"] / s["dit"]["bytes"],

@@ -50,9 +50,11 @@ def format_size(size: Mapping[str, Any], reps: int) -> str:
     columns = list(COLUMNS)
     if any("device_peak" in figures for figures in paths.values()):
         columns.append(DEVICE_COLUMN)
+    models = [_model(size["dit"], "DiT"), _model(size["vae"], "VAE")]
+    if "ddit" in size:
+        models.append(_model(size["ddit"], "diffusers Wan DiT"))
     lines = [
-        f"## {size['size_mib']} MiB: {_model(size['dit'], 'DiT')}, {_model(size['vae'], 'VAE')};"
-        f" medians of {reps}",
+        f"## {size['size_mib']} MiB: {', '.join(models)}; medians of {reps}",
         " ".join([f"{'path':<17}", *(h.rjust(len(f.format(0.0))) for h, _, _, f in columns)]),
     ]
     skipped = []

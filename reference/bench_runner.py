@@ -15,6 +15,8 @@ page cache is warm.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import json
 import os
 import sys
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.bench_paths import MODES, PATHS, Job, run
+from reference.bench_paths import DIFFUSERS_FOLDER, MODES, PATHS, Job, library_missing, run
 from reference.plan import CPU
 
 
@@ -45,6 +47,8 @@ def preload() -> None:
         models: list[nn.Module] = [tiny.dit(), tiny.vae()]
     for model in models:
         model.to_empty(device=CPU)
+    if library_missing("diffusers") is None:  # the diffusers paths' imports, once
+        importlib.import_module("diffusers.models.transformers")
 
 
 def forked(job: Job) -> dict[str, Any]:
@@ -79,6 +83,10 @@ def warm(path: Path, buffer: bytearray) -> None:
 def serve() -> int:
     """Answer each stdin line {"path", "folder", "mode", "warmup", "threads"} with a JSON line."""
     preload()
+    # A child's cyclic GC would walk every object inherited from this process and so copy its
+    # whole heap page by page (copy-on-write), charging a few hundred milliseconds to whichever
+    # load allocates many Python objects first (a diffusers model's hundreds of modules).
+    gc.freeze()
     buffer = bytearray(16 << 20)
     for line in sys.stdin:
         request = json.loads(line)
@@ -92,6 +100,8 @@ def serve() -> int:
         )
         for model in ("dit", "vae"):
             warm(job.checkpoint(model), buffer)
+        for shard in sorted((job.folder / DIFFUSERS_FOLDER).glob("*/*.safetensors")):
+            warm(shard, buffer)
         print(json.dumps(forked(job)), flush=True)
     return 0
 

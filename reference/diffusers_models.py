@@ -1,14 +1,16 @@
-"""VAE classes from the `diffusers` library, for components whose model_index.json entry names it.
+"""Model classes from the `diffusers` library, for components whose model_index.json entry names it.
 
-A real pipeline folder declares its VAE as `"vae": ["diffusers", "AutoencoderKL"]`. The VAE loader
-then builds that class from the component's config.json with the class's own `from_config` and
-loads its safetensors weights with the same rules as every other VAE: streamed (ABI check,
-preflight, per-tensor stream, post-load steps) when a direct request was admitted, else the
-ordinary way.
+A real pipeline folder declares its VAE as `"vae": ["diffusers", "AutoencoderKL"]` and its DiT as
+`"transformer": ["diffusers", "WanTransformer3DModel"]`. The loaders then build that class from
+the component's config.json with the class's own `from_config` and load its safetensors weights
+with the same rules as every other model: a VAE streamed (ABI check, preflight, per-tensor
+stream, post-load steps) when a direct request was admitted, else the ordinary way; a DiT through
+the full-state path, where its plain torch parameters are adopted under the rules (ZC-2b).
 
-Which names resolve: exactly the classes that diffusers' own VAE package,
-`diffusers.models.autoencoders`, exports, that subclass diffusers' `ModelMixin` and are defined
-in that package. The name from the config is looked up in that package's namespace (never
+Which names resolve: exactly the classes that diffusers' own model packages export
+(`diffusers.models.autoencoders` for VAEs, `diffusers.models.transformers` for DiTs; both are
+what `diffusers.models` re-exports), that subclass diffusers' `ModelMixin` and are defined in
+that package. The name from the config is looked up in that package's namespace (never
 imported as a module path, never through diffusers' lazy top-level module, which would import
 pipelines and whatever they pull in); any other name (a UNet, a pipeline, `os`, a dotted path) is
 refused. diffusers decides what is a VAE; the direct-streaming rules then decide which of those
@@ -27,11 +29,13 @@ from typing import Any
 
 from torch import nn
 
+from reference.adopt import LinearKinds
 from reference.errors import CheckpointError
 from reference.pipeline import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
 
 LIBRARY = "diffusers"
 VAE_PACKAGE = "diffusers.models.autoencoders"
+DIT_PACKAGE = "diffusers.models.transformers"
 INSTALL_HINT = "pip install 'diffusion-loader-conformance[diffusers]'"
 
 
@@ -42,9 +46,19 @@ def import_vae_package(component: ComponentSpec) -> ModuleType:
         CheckpointError: diffusers is not installed (or fails to import), naming model_index.json,
             the component, and the extra to install.
     """
+    return import_model_package(component, VAE_PACKAGE)
+
+
+def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
+    """One of diffusers' model packages (VAE_PACKAGE, DIT_PACKAGE), imported on first use.
+
+    Raises:
+        CheckpointError: diffusers is not installed (or fails to import), naming model_index.json,
+            the component, and the extra to install.
+    """
     try:
         importlib.import_module(LIBRARY)
-        return importlib.import_module(VAE_PACKAGE)
+        return importlib.import_module(package)
     except ImportError as exc:
         raise CheckpointError(
             str(component.folder.parent / MODEL_INDEX),
@@ -56,6 +70,11 @@ def import_vae_package(component: ComponentSpec) -> ModuleType:
 
 def vae_class_names(package: ModuleType) -> tuple[str, ...]:
     """The names `resolve_vae_class` accepts in this diffusers installation, sorted."""
+    return model_class_names(package, VAE_PACKAGE)
+
+
+def model_class_names(package: ModuleType, package_name: str) -> tuple[str, ...]:
+    """The ModelMixin classes `package` (named `package_name`) defines and exports, sorted."""
     model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
     return tuple(
         sorted(
@@ -64,7 +83,7 @@ def vae_class_names(package: ModuleType) -> tuple[str, ...]:
             if isinstance(obj, type)
             and issubclass(obj, model_mixin)
             and obj.__name__ == name
-            and obj.__module__.startswith(f"{VAE_PACKAGE}.")
+            and obj.__module__.startswith(f"{package_name}.")
         )
     )
 
@@ -92,18 +111,69 @@ def resolve_vae_class(component: ComponentSpec) -> type[nn.Module]:
 
 
 def vae_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
-    """Resolve the class now; return a `build()` that constructs it from config.json.
+    """Resolve the VAE class now; return a `build()` that constructs it from config.json.
 
-    `build()` calls the class's own `from_config` (which drops metadata keys and keys this
-    diffusers version does not know), so it runs unchanged under `with torch.device("meta")`.
-    `quantization_config` is left out, as for every other model class (ComponentSpec.init_kwargs);
-    a quantized config is refused for direct loading before `build()` runs (VAE-12).
+    A quantized config is refused for direct loading before `build()` runs (VAE-12).
 
     Raises:
         CheckpointError: from `resolve_vae_class`; from `build()`, a config the class rejects,
             naming config.json.
     """
-    cls = resolve_vae_class(component)
+    return model_builder(component, resolve_vae_class(component))
+
+
+class NoStandardLinear(nn.Module):
+    """No layer of a diffusers model is one of a serving stack's standard linears."""
+
+
+class NoUnquantizedMethod:
+    """No layer of a diffusers model carries a quant method."""
+
+
+PLAIN_TORCH_KINDS = LinearKinds(
+    replicated=NoStandardLinear,
+    column_parallel=NoStandardLinear,
+    row_parallel=NoStandardLinear,
+    unquantized_method=NoUnquantizedMethod,
+)
+"""The linear kinds of a plain-torch model: none. Its parameters carry no `weight_loader`, so
+the zero-copy rule judges them by ZC-2b (ZC-1, ZC-6..8), never by ZC-3..5."""
+
+
+def resolve_dit_class(component: ComponentSpec) -> type[nn.Module]:
+    """The diffusers DiT class that `component`'s model_index.json entry names.
+
+    Raises:
+        CheckpointError: diffusers is missing (naming the extra), or the name is not one of the
+            classes diffusers' transformer package exports (listing those that are).
+    """
+    package = import_model_package(component, DIT_PACKAGE)
+    names = model_class_names(package, DIT_PACKAGE)
+    if component.class_name not in names:
+        diffusers = importlib.import_module(LIBRARY)
+        raise CheckpointError(
+            str(component.folder.parent / MODEL_INDEX),
+            component.name,
+            f"{LIBRARY} class {component.class_name!r} is not a transformer class of"
+            f" {DIT_PACKAGE} ({LIBRARY} {getattr(diffusers, '__version__', '?')}); the"
+            f" transformer loader builds only those: {', '.join(names)}",
+        )
+    cls: type[nn.Module] = vars(package)[component.class_name]
+    return cls
+
+
+def model_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[], nn.Module]:
+    """A `build()` that constructs diffusers class `cls` from the component's config.json.
+
+    `build()` calls the class's own `from_config` (which drops metadata keys and keys this
+    diffusers version does not know), so it runs unchanged under any default-device context.
+    `quantization_config` is left out, as for every other model class
+    (ComponentSpec.init_kwargs): a diffusers class takes no reference quantization, so a
+    quantized request is refused before `build()` runs.
+
+    Raises:
+        CheckpointError: from `build()`, a config the class rejects, naming config.json.
+    """
     diffusers_class: Any = cls  # ModelMixin's from_config is not part of nn.Module's type
     config: Mapping[str, Any] = {
         k: v for k, v in component.config.items() if k != QUANTIZATION_CONFIG
@@ -112,10 +182,19 @@ def vae_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         try:
             module: nn.Module = diffusers_class.from_config(dict(config))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, KeyError, AssertionError) as exc:
             raise CheckpointError(
                 str(component.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"
             ) from None
         return module
 
     return build
+
+
+def dit_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
+    """Resolve the DiT class now; return a `build()` that constructs it from config.json.
+
+    Raises:
+        CheckpointError: from `resolve_dit_class`; from `build()`, a config the class rejects.
+    """
+    return model_builder(component, resolve_dit_class(component))

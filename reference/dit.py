@@ -1,8 +1,10 @@
 """Loading one DiT component: plan -> checkpoint -> adopt or copy -> post-load -> report.
 
-The model is built on `meta` by a zero-argument factory, so construction allocates nothing; each
-slot then gets its tensor from the checkpoint, one tensor at a time. Nothing is returned until the
-whole load succeeded, and the checkpoint files are only ever mapped privately (never written).
+The model is built by a zero-argument factory with its parameters and persistent buffers on
+`meta` (construction allocates none of them) and its non-persistent buffers computed for real on
+the load device, as the VAE is built (`build_dit`); each slot then gets its tensor from the
+checkpoint, one tensor at a time. Nothing is returned until the whole load succeeded, and the
+checkpoint files are only ever mapped privately (never written).
 """
 
 from __future__ import annotations
@@ -18,14 +20,11 @@ from reference.adopt import LinearKinds, find_slots, load_full_state
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import StateMismatchError
 from reference.plan import WeightLoadPlan
-from reference.postload import (
-    effective_plan,
-    offload_to_cpu,
-    process_weights,
-    rebuild_non_persistent_buffers,
-)
+from reference.postload import effective_plan, offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
+from reference.vae import build_on_meta
+from reference.vae_postload import rebuild_non_persistent_buffers, refuse_unrebuildable_buffers
 
 
 def _preflight(module: nn.Module, names: set[str], *, component: str) -> None:
@@ -38,6 +37,23 @@ def _preflight(module: nn.Module, names: set[str], *, component: str) -> None:
             f" unknown in the model: {', '.join(unknown) or 'none'};"
             f" missing from the checkpoint: {', '.join(missing) or 'none'}"
         )
+
+
+def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component: str) -> nn.Module:
+    """Construct the DiT as the VAE is constructed (reference.vae.build_on_meta): parameters and
+    persistent buffers go to `meta` as they are registered, while non-persistent buffers
+    (rotary tables, index ranges) are computed for real, on `device`. A buffer construction
+    itself leaves on meta needs a `rebuild_buffers(device)` method on its submodule; without one
+    the load is refused here, naming it, before any tensor data is read.
+
+    Raises:
+        StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
+    """
+    with torch.device(device):
+        module = build_on_meta(build, component=component)
+    if device.type != "meta":  # on meta (the CPU tier's direct device) nothing is real anyway
+        refuse_unrebuildable_buffers(module, component=component)
+    return module
 
 
 def load_dit(
@@ -55,13 +71,15 @@ def load_dit(
 
     Tensors are read from the files onto `plan.checkpoint_load_device`, one at a time (in direct
     mode too: no CPU pre-read of the checkpoint, DG-4). Eligible tensors are adopted: CPU tensors
-    in ordinary mode (ZC-1..8), device tensors in direct mode (DG-5). Then the module's buffer hook
-    runs, layers process their weights (on the post-process device, FP8-2/3), and a deferred
-    component moves to CPU last (FP8-2, FP8-6). Under FSDP the plan's post-process override and
-    deferral are dropped with a warning (FP8-4).
+    in ordinary mode (ZC-1..8), device tensors in direct mode (DG-5). Then `rebuild_buffers`
+    hooks run and non-persistent buffers move to the load device, layers process their weights
+    (on the post-process device, FP8-2/3), and a deferred component moves to CPU last (FP8-2,
+    FP8-6). Under FSDP the plan's post-process override and deferral are dropped with a warning
+    (FP8-4).
 
     Args:
-        build: makes the model; called once, under `torch.device("meta")`.
+        build: makes the model; called once, with parameters and persistent buffers sent to
+            `meta` as they are registered (see `build_dit`).
         checkpoint: a safetensors file, shard index, or folder.
         plan: where tensors land and what happens after.
         kinds: the standard linear classes and unquantized method (for the zero-copy rule).
@@ -71,7 +89,7 @@ def load_dit(
         adopt: False copies every tensor, eligible or not (the benchmark's copy path).
 
     Returns:
-        The loaded module and its load report.
+        The loaded module (in eval mode) and its load report.
 
     Raises:
         CheckpointError: the checkpoint is malformed.
@@ -81,10 +99,9 @@ def load_dit(
     started = time.perf_counter()
     plan = effective_plan(plan, fsdp=fsdp, component=component)
     opened = open_checkpoint(checkpoint)
-    with torch.device("meta"):
-        module = build()
-    _preflight(module, set(opened.tensors), component=component)
     device = plan.checkpoint_load_device
+    module = build_dit(build, device, component=component)
+    _preflight(module, set(opened.tensors), component=component)
     reader = TensorReader(opened)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
@@ -103,7 +120,8 @@ def load_dit(
     finally:
         reader.close()
     events = ["load"]
-    rebuild_non_persistent_buffers(module, device, component=component)
+    if device.type != "meta":
+        rebuild_non_persistent_buffers(module, device=device, component=component)
     if process_weights(module, quantization=quantization, kinds=kinds, component=component):
         events.append("process")
     if plan.defer_cpu_offload:
@@ -116,4 +134,5 @@ def load_dit(
         seconds=time.perf_counter() - started,
         events=tuple(events),
     )
-    return module, report
+    # In eval mode, as diffusers' from_pretrained returns a model.
+    return module.eval(), report

@@ -18,7 +18,7 @@ from reference.args import ServerArgs
 from reference.errors import LoadError
 from reference.loaders import ComponentLoader, LoadedComponent, VocoderLoader, loader_kind
 from reference.model_loaders import TransformerLoader, VAELoader
-from reference.pipeline import MODELS, ModelRegistry, read_pipeline
+from reference.pipeline import MODELS, ModelRegistry, Pipeline, read_pipeline
 from reference.platform import SYSTEM, Platform
 
 LOADERS: dict[str, type[ComponentLoader]] = {
@@ -48,13 +48,45 @@ def iter_load(
     registry: ModelRegistry = MODELS,
     platform: Platform = SYSTEM,
 ) -> Iterator[LoadedComponent]:
-    """`load_pipeline`, one component at a time (admission runs before the first)."""
+    """`load_pipeline`, one component at a time.
+
+    Admission runs now, before this returns, for every component: the pipeline and arguments
+    gates, then each loader's `admit_model` (its class resolves, importing the model library if
+    it is one, and takes the quantization in force). The returned iterator only loads.
+
+    Raises:
+        ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError: refused requests.
+    """
     pipeline = read_pipeline(Path(root))
     admit(pipeline, args, platform=platform)
     names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
-    for name in names:
-        loader = loader_for(name, registry=registry, platform=platform)
-        yield loader.load(pipeline.component(name), args)
+    loaders = [(name, loader_for(name, registry=registry, platform=platform)) for name in names]
+    for name, loader in loaders:
+        loader.admit_model(pipeline.component(name), args)
+    return (loader.load(pipeline.component(name), args) for name, loader in loaders)
+
+
+def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
+    """The declared components no loader covers, each with why it is not loaded.
+
+    They are listed, not refused: a scheduler or a tokenizer holds no model weights, and text
+    or image encoders belong to their own library (transformers), which this reference does not
+    load.
+    """
+    skipped = []
+    for name, spec in pipeline.components.items():
+        if _has_loader(name):
+            continue
+        what = f"{spec.library}.{spec.class_name}"
+        lowered = (name + spec.class_name).lower()
+        if "scheduler" in lowered:
+            why = "a scheduler: settings, no weights"
+        elif "tokenizer" in lowered or "processor" in lowered:
+            why = "a tokenizer or processor: vocabulary and settings, no weights"
+        else:
+            why = f"not a DiT, VAE or vocoder; load it with its own library ({spec.library})"
+        skipped.append((name, f"{what}: {why}"))
+    return tuple(skipped)
 
 
 def load_pipeline(

@@ -2,7 +2,9 @@
 
 `ComponentLoader.load` runs, in this order and nowhere else:
   1. the loader gate (reference.admission.check_loader): refuses a request this loader cannot
-     honour, before FSDP decisions, quantization overrides or any file access;
+     honour, before FSDP decisions, quantization overrides or any file access; then
+     `admit_model`: the model class resolves and can take what is asked of it (a quantization),
+     still before any file is opened;
   2. the hooks `fsdp_enabled` and `quantization_for`, then the plan;
   3. `load_component`, the subclass's work; a plain ValueError from it may go to
      `load_fallback` (a subclass's generic path), but only when no direct load was asked for,
@@ -135,6 +137,7 @@ class ComponentLoader(ABC):
             loader=self.kind,
             checkpoint_quantization=component.quantization,
         )
+        self.admit_model(component, args)
         fsdp = self.fsdp_enabled(component, args)
         quantization = self.quantization_for(component, args)
         request = LoadRequest(
@@ -163,6 +166,17 @@ class ComponentLoader(ABC):
         return LoadedComponent(component.name, module, report)
 
     # --- hooks, in the order load() calls them ---------------------------------------------------
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """Refuse, before any file is opened, a model this loader cannot build as asked.
+
+        The base resolves the component's class in the registry. `reference.load` runs this for
+        every component before the first one loads, so a pipeline fails whole or not at all.
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        self.registry.resolve(component.class_name, component=component)
 
     def fsdp_enabled(self, component: ComponentSpec, args: ServerArgs) -> bool:
         """Whether FSDP shards this component (only loaders that support it say yes)."""
@@ -263,12 +277,15 @@ def load_ordinarily(
 ) -> tuple[nn.Module, list[TensorRecord]]:
     """Build the module (with `build`, else the registry's class from config.json), copy its
     checkpoint into it on the plan's device, then place it: on CPU when the component is
-    offloaded, else on the runtime device. No direct-loading feature is involved (ADM-6)."""
+    offloaded, else on the runtime device. No direct-loading feature is involved (ADM-6).
+
+    The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
+    parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path)."""
     spec = request.component
     module = build() if build is not None else build_module(registry, spec)
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
-    return module.to(target).eval().requires_grad_(False), records
+    return module.to(target).eval(), records
 
 
 class VocoderLoader(ComponentLoader):

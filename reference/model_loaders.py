@@ -8,7 +8,9 @@ byte moves, then handed to the DiT full-state path or the VAE streaming path.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
@@ -16,10 +18,10 @@ from torch import nn
 from reference import diffusers_models, preflight
 from reference.admission import DirectSupport
 from reference.adopt import LinearKinds
-from reference.args import ServerArgs
+from reference.args import QUANTIZATION_FLAG, ServerArgs
 from reference.checkpoint import open_checkpoint
 from reference.dit import load_dit
-from reference.errors import LoadError
+from reference.errors import ComponentCheckpointUnsupportedError
 from reference.loaders import (
     TRANSFORMER_DIRECT_SUPPORT,
     VAE_DIRECT_SUPPORT,
@@ -46,13 +48,38 @@ def check_direct_memory(request: LoadRequest, platform: Platform) -> None:
     )
 
 
+def takes_quantization(cls: type[nn.Module]) -> bool:
+    """Whether `cls(...)` accepts a `quantization=` keyword (named, or through `**kwargs`)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: do not guess
+        return False
+    return any(
+        p.name == "quantization" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
+
+
+@dataclass(frozen=True)
+class DiTModel:
+    """How to build one DiT component: its class, a zero-argument factory, its linear kinds."""
+
+    cls: type[nn.Module]
+    construct: Callable[[], nn.Module]
+    kinds: LinearKinds
+    library: str
+
+
 class TransformerLoader(ComponentLoader):
     """Loads DiT components (`transformer`, `transformer_2`, ...) through the full-state path.
 
-    Model classes are built with `quantization=` the quantization in force, so their layers get
-    the matching quant methods. The serving stack's standard linear classes, which decide
-    zero-copy adoption (ZC-3, ZC-4), come from `kinds` or else from the model class's own
-    `linear_kinds` attribute.
+    The class comes from diffusers' transformer package when model_index.json names the
+    `diffusers` library (reference.diffusers_models), else from the registry. A class whose
+    constructor takes `quantization=` is built with the quantization in force, so its layers get
+    the matching quant methods; a quantization for a class that takes none is refused before any
+    file is opened (FP8-5: never an unquantized model in its place). The serving stack's
+    standard linear classes, which decide zero-copy adoption (ZC-3, ZC-4), come from `kinds`, or
+    the class's own `linear_kinds` attribute; a class that declares none is plain torch, whose
+    parameters are judged by ZC-2b.
     """
 
     kind = "transformer"
@@ -74,28 +101,68 @@ class TransformerLoader(ComponentLoader):
         """A requested quantization wins; else the one the checkpoint's config declares."""
         return args.quantization or component.quantization
 
+    def model_for(self, spec: ComponentSpec) -> DiTModel:
+        """Resolve the component's class (no file is opened).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        if spec.library == diffusers_models.LIBRARY:
+            cls = diffusers_models.resolve_dit_class(spec)
+            construct = diffusers_models.model_builder(spec, cls)
+            return DiTModel(cls, construct, diffusers_models.PLAIN_TORCH_KINDS, spec.library)
+        cls = self.registry.resolve(spec.class_name, component=spec)
+        declared = self.kinds or getattr(cls, "linear_kinds", None)
+        kinds = (
+            declared if isinstance(declared, LinearKinds) else diffusers_models.PLAIN_TORCH_KINDS
+        )
+        return DiTModel(
+            cls, functools.partial(build_module, self.registry, spec), kinds, spec.library
+        )
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """The class resolves, and takes the quantization in force if there is one.
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+            ComponentCheckpointUnsupportedError: quantization for a class that takes none.
+        """
+        model = self.model_for(component)
+        quantization = self.quantization_for(component, args)
+        if quantization is None or takes_quantization(model.cls):
+            return
+        if args.quantization is not None:
+            source, fix = f"{QUANTIZATION_FLAG} {quantization.method}", f"Drop {QUANTIZATION_FLAG}"
+        else:
+            source = f"quantization {quantization.method!r} declared in its config.json"
+            fix = "Use a checkpoint without quantization_config"
+        raise ComponentCheckpointUnsupportedError(
+            f"component {component.name!r}: {source} cannot be applied to"
+            f" {model.library}.{model.cls.__name__}: its constructor takes no quantization= and"
+            " its layers are plain torch.nn.Linear with no quant method to process the weights"
+            " after loading, and the reference never returns an unquantized model instead."
+            f" {fix}, or load a class built with quantized linear layers"
+        )
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
         if request.direct:
             check_direct_memory(request, self.platform)
-        cls = self.registry.resolve(spec.class_name, component=spec)
-        kinds = self.kinds or getattr(cls, "linear_kinds", None)
-        if not isinstance(kinds, LinearKinds):
-            raise LoadError(
-                f"component {spec.name!r}: {cls.__name__} names no standard linear classes; give"
-                " the class a `linear_kinds = LinearKinds(...)` attribute or pass kinds= to"
-                " the loader"
-            )
-        kwargs = spec.init_kwargs
+        model = self.model_for(spec)
+        if takes_quantization(model.cls):
+            kwargs = spec.init_kwargs
+            cls = model.cls
 
-        def build() -> nn.Module:
-            return cls(**kwargs, quantization=request.quantization)
+            def construct() -> nn.Module:
+                return cls(**kwargs, quantization=request.quantization)
 
+        else:
+            construct = model.construct
         module, report = load_dit(
-            build,
+            construct,
             spec.folder,
             plan=request.plan,
-            kinds=kinds,
+            kinds=model.kinds,
             quantization=request.quantization,
             fsdp=request.fsdp,
             component=spec.name,
@@ -123,6 +190,14 @@ class VAELoader(ComponentLoader):
             return diffusers_models.vae_builder(spec)
         self.registry.resolve(spec.class_name, component=spec)
         return functools.partial(build_module, self.registry, spec)
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """The class resolves (a diffusers VAE class, or a registered one).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        self.model_builder(component)
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component

@@ -10,8 +10,8 @@ Layout (the Diffusers convention):
 
 Parsing reads `model_index.json` and each component's `config.json`, never weights. Model classes
 are resolved by name through a `ModelRegistry` that callers (and the fakes) fill; nothing is
-imported by the name a config gives, so no code runs from a checkpoint. (A VAE whose entry names
-the `diffusers` library is looked up among diffusers' own VAE classes instead; see
+imported by the name a config gives, so no code runs from a checkpoint. (A DiT or VAE whose entry
+names the `diffusers` library is looked up among diffusers' own model classes instead; see
 reference.diffusers_models.)
 """
 
@@ -239,9 +239,11 @@ class ModelRegistry:
             raise CheckpointError(
                 source,
                 None if component is None else component.name,
-                f"model class {class_name!r} is not registered; registered:"
-                f" {', '.join(self.names()) or 'none'}. Register it with"
-                " MODELS.register(YourClass) before loading",
+                f"model class {class_name!r} is not registered (registered:"
+                f" {', '.join(self.names()) or 'none'}). A class of the diffusers library loads"
+                ' when model_index.json names it as ["diffusers", "<Class>"] (install the'
+                " [diffusers] extra); for your own class, pass --models MODULE, a module that"
+                " calls reference.pipeline.MODELS.register(YourClass) when imported",
             )
         return cls
 

@@ -131,6 +131,13 @@ class _MetaState:
                 type(tensor), tensor.detach().to("meta"), tensor.requires_grad
             )
             meta.__dict__.update(tensor.__dict__)
+            try:
+                # In place: the caller's object itself goes to meta, so attributes it sets on
+                # that object after registering it (a layer's `weight_loader`) are kept.
+                torch.utils.swap_tensors(tensor, meta)  # type: ignore[no-untyped-call]
+                tensor, meta = meta, tensor
+            except RuntimeError:  # a view or weakly referenced tensor: register the meta copy
+                pass
             # The original is kept so that its id is not reused while the build runs.
             seen = memo[id(tensor)] = (tensor, meta)
         return seen[1]
@@ -229,7 +236,7 @@ def load_vae(
         channels_last_3d: store Conv3d weights in channels_last_3d.
 
     Returns:
-        The loaded module, and a report with one "streamed" record per tensor.
+        The loaded module (in eval mode), and a report with one "streamed" record per tensor.
 
     Raises:
         ComponentCheckpointUnsupportedError: VAE-12 refusals, before anything is built.
@@ -263,4 +270,6 @@ def load_vae(
     load_plan = WeightLoadPlan(
         checkpoint_load_device=device, load_full_state_dict_on_device=device.type != "cpu"
     )
+    # In eval mode, as diffusers' from_pretrained returns a model.
+    module.eval()
     return module, LoadReport(component, load_plan, records, time.perf_counter() - start, events)

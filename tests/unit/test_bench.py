@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ pytestmark = pytest.mark.internal
 CPU = torch.device("cpu")
 OFFLOAD = WeightLoadPlan(checkpoint_load_device=CPU)
 ISSUE_RATIOS = {
+    "diffusers_zero_copy_anon_over_checkpoint",
+    "diffusers_time_over_from_pretrained",
     "zero_copy_anon_over_checkpoint",
     "zero_copy_time_over_copy_time",
     "copy_throughput_over_readinto",
@@ -74,7 +77,9 @@ def test_default_still_adopts_every_bench_linear(tmp_path: Path) -> None:
     path = write_checkpoint(state, tmp_path)
     module, report = load_dit(shapes.dit, path, plan=OFFLOAD, kinds=LINEAR_KINDS)
     adopted = {r.name for r in report.records if r.how == "adopted"}
-    assert adopted == {n for n in state if ".up." in n or ".down." in n}
+    assert {n for n in state if ".up." in n or ".down." in n} <= adopted
+    # ZC-2b: plain parameters (the norms) are adopted as well; only buffers are copied.
+    assert adopted == {name for name, _ in module.named_parameters()}
     assert not _owns_storage(module.blocks[0].up.weight)  # a view of the file's map
 
 
@@ -116,7 +121,11 @@ def test_bench_shapes_hit_the_requested_size(mib: int) -> None:
     assert len(dit.blocks) >= 8
 
 
-CPU_PATHS = [name for name, spec in bench_paths.PATHS.items() if not spec.cuda]
+CPU_PATHS = [
+    name
+    for name, spec in bench_paths.PATHS.items()
+    if not spec.cuda and bench_paths.library_missing(spec.library) is None
+]
 
 
 @pytest.mark.parametrize("mode", bench_paths.MODES)
@@ -140,6 +149,30 @@ def test_zero_copy_adopts_and_the_copy_path_copies(folder: tuple[Path, dict[str,
     copy = bench_paths.run(bench_paths.Job("dit_copy", where, "time"))
     assert zero["adopted"] > 0.99 * facts["dit"]["bytes"]
     assert copy["copied"] == facts["dit"]["bytes"]
+
+
+def test_diffusers_paths_load_the_same_dit_and_zero_copy_adopts_it(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    reason = bench_paths.library_missing("diffusers")
+    if reason is not None:
+        pytest.skip(reason)
+    where, facts = folder
+    zero = bench_paths.run(bench_paths.Job("ddit_zero_copy", where, "time"))
+    pretrained = bench_paths.run(bench_paths.Job("ddit_pretrained", where, "time"))
+    assert zero["adopted"] >= 0.99 * facts["ddit"]["bytes"]
+    # from_pretrained reports no fates: bytes still mapped from the file count as adopted.
+    assert pretrained["adopted"] + pretrained["copied"] >= facts["ddit"]["bytes"]
+
+
+def test_diffusers_paths_are_skipped_with_the_extra_named_without_diffusers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "diffusers", None)
+    reason = bench_paths.library_missing("diffusers")
+    assert reason is not None
+    assert "[diffusers]" in reason
+    assert bench_paths.library_missing(None) is None
 
 
 def test_paths_command_line(

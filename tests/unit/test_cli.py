@@ -16,8 +16,11 @@ pytestmark = pytest.mark.internal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*argv: str) -> subprocess.CompletedProcess[str]:
+def run(*argv: str, models: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python -m reference ARGV` (with `--models fakes.pipelines` after `load DIR`)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    if models and argv[:1] == ("load",) and len(argv) > 1:
+        argv = (*argv[:2], "--models", "fakes.pipelines", *argv[2:])
     return subprocess.run(
         [sys.executable, "-m", "reference", *argv],
         capture_output=True,
@@ -103,3 +106,44 @@ def test_missing_pipeline_folder_is_a_clear_error(tmp_path: Path) -> None:
     result = run("load", str(tmp_path / "nowhere"))
     assert result.returncode == 2
     assert "nowhere" in result.stderr
+
+
+def test_a_refusal_goes_where_the_caller_says(
+    pipeline: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo passes stdout, so a refusal stays under its heading however streams are piped."""
+    import io
+
+    from fakes.platform import FakePlatform
+    from reference.cli import load_command
+
+    here = io.StringIO()
+    argv = [
+        str(pipeline),
+        "--models",
+        "fakes.pipelines",
+        "--component-direct-gpu-weight-loading.vae",
+    ]
+    assert load_command(argv, platform=FakePlatform(cuda=False), errors=here) == 2
+    assert here.getvalue().startswith("error: --component-direct-gpu-weight-loading.vae")
+    assert here.getvalue().count("\n") == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_without_models_a_fake_class_is_not_offered(pipeline: Path) -> None:
+    result = run("load", str(pipeline), models=False)
+    assert result.returncode == 2
+    assert "--models" in result.stderr
+    assert "PipelineDiT" in result.stderr  # the class model_index.json names
+    assert "registered: none" in result.stderr  # nothing imported by default
+
+
+def test_demo_keeps_each_refusal_under_its_heading_when_piped() -> None:
+    result = run("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "error:" not in result.stderr
+    lines = result.stdout.splitlines()
+    heading = lines.index("## refused: direct DiT loading of an offloaded DiT")
+    assert lines[heading + 1].startswith("$ python -m reference load ")
+    assert "--models fakes.pipelines" in lines[heading + 1]
+    assert lines[heading + 2].startswith("error: --direct-gpu-weight-loading")

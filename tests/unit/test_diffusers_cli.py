@@ -54,12 +54,30 @@ def run_load(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def table_row(stdout: str, component: str) -> list[str]:
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """The load table's rows by component (the table ends at the first blank line)."""
     lines = stdout.splitlines()
     assert HEADER in lines, stdout
-    rows = [line.split() for line in lines[lines.index(HEADER) + 1 :]]
-    assert [row[0] for row in rows] == [component], stdout  # the scheduler has no loader
-    return rows[0]
+    body = lines[lines.index(HEADER) + 1 :]
+    end = body.index("") if "" in body else len(body)
+    return {line.split()[0]: line.split() for line in body[:end]}
+
+
+def not_loaded_rows(stdout: str) -> dict[str, str]:
+    """The `not loaded:` section: component -> why."""
+    lines = stdout.splitlines()
+    if "not loaded:" not in lines:
+        return {}
+    rows = lines[lines.index("not loaded:") + 1 :]
+    return {line.split()[0]: line.split(maxsplit=1)[1] for line in rows if line.strip()}
+
+
+def table_row(stdout: str, component: str) -> list[str]:
+    rows = table_rows(stdout)
+    assert list(rows) == [component], stdout
+    # The scheduler has no loader: listed as not loaded, with why, not refused.
+    assert "scheduler" in not_loaded_rows(stdout), stdout
+    return rows[component]
 
 
 def assert_same_state(module: Any, expected: Any) -> None:

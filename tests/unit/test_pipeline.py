@@ -100,7 +100,9 @@ def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path:
     loaded = VocoderLoader().load(spec, args)
     assert loaded.report.plan.checkpoint_load_device == CPU
     assert loaded.report.copied == (5, sum(t.nbytes for t in loaded.module.state_dict().values()))
-    assert not any(p.requires_grad for p in loaded.module.parameters())
+    # As diffusers' from_pretrained gives it: eval mode, requires_grad as constructed.
+    assert not loaded.module.training
+    assert all(p.requires_grad for p in loaded.module.parameters())
     # Same class, other shapes: refused naming the component (no fallback in the base class).
     wrong = FakeComponent(FakeVocoder, {"channels": 2, "upsample": 2})
     root2 = write_pipeline(tmp_path / "wrong", {"vocoder": wrong})
@@ -212,3 +214,41 @@ def test_arguments_gate_defaults_to_the_main_transformer() -> None:
     with pytest.raises(ArgumentError, match="'transformer' is offloaded"):
         check_arguments(args, platform=FakePlatform())
     assert check_arguments(ServerArgs(), platform=FakePlatform(cuda=False)) == ()
+
+
+def test_every_model_is_admitted_before_the_first_component_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unresolvable class in a later component fails the pipeline before any component loads
+    (nothing half-loaded); weightless components are listed, with why, not refused."""
+    from reference import load as load_mod
+    from reference.loaders import ComponentLoader
+
+    root = write_pipeline(
+        tmp_path,
+        {"vocoder": FULL_PIPELINE["vocoder"], "vae": FakeComponent(FakeBlock, {"width": 4})},
+        extra_index={
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "tokenizer": ["transformers", "AutoTokenizer"],
+            "text_encoder": ["transformers", "T5EncoderModel"],
+        },
+    )
+    index = json.loads((root / "model_index.json").read_text())
+    index["vae"] = ["mylib", "NotRegistered"]
+    (root / "model_index.json").write_text(json.dumps(index))
+    loads: list[str] = []
+    real_load = ComponentLoader.load
+
+    def spy(self: ComponentLoader, component: object, args: ServerArgs) -> object:
+        loads.append(getattr(component, "name", "?"))
+        return real_load(self, component, args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ComponentLoader, "load", spy)
+    with pytest.raises(CheckpointError, match=r"\[vae\]: model class 'NotRegistered'.*--models"):
+        load_mod.load_pipeline(root, ServerArgs(runtime_device=CPU))
+    assert loads == []
+    skipped = dict(load_mod.not_loaded(read_pipeline(root)))
+    assert set(skipped) == {"scheduler", "tokenizer", "text_encoder"}
+    assert skipped["scheduler"].startswith("diffusers.FlowMatchEulerDiscreteScheduler: ")
+    assert "no weights" in skipped["tokenizer"]
+    assert "(transformers)" in skipped["text_encoder"]

@@ -587,9 +587,14 @@ def test_reference_words_a_preflight_mismatch(
 
 
 class NoBufferHook(TinyDiT):
-    """A DiT whose non-persistent buffer nothing recomputes after a meta construction."""
+    """A DiT whose non-persistent buffer is derived from a parameter, so a build with parameters
+    on meta leaves it on meta, and no `rebuild_buffers` hook recomputes it."""
 
-    init_non_persistent_buffers = None  # type: ignore[assignment]
+    rebuild_buffers = None  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("freqs", self.pos_embed.detach()[0] * 2.0, persistent=False)
 
 
 @pytest.mark.rule("CKPT-5")
