@@ -15,13 +15,10 @@ import torch
 from torch import nn
 
 from reference.adopt import LinearKinds
-from reference.errors import QuantizationLoadError, StateMismatchError
+from reference.errors import QuantizationLoadError
 from reference.plan import CPU, WeightLoadPlan
 from reference.quantization import QuantizationSpec
 
-# A module (or submodule) that defines this method recomputes its non-persistent buffers on the
-# given device; modules built on `meta` need it, since those buffers are not in the checkpoint.
-BUFFER_HOOK = "init_non_persistent_buffers"
 # Pre-serialized ModelOpt-style FP8 checkpoints keep their own offload rule (FP8-3).
 MODELOPT_FP8_METHODS = frozenset({"modelopt_fp8"})
 
@@ -42,35 +39,6 @@ def effective_plan(plan: WeightLoadPlan, *, fsdp: bool, component: str) -> Weigh
         stacklevel=3,
     )
     return dataclasses.replace(plan, weight_postprocess_device=None, defer_cpu_offload=False)
-
-
-def rebuild_non_persistent_buffers(
-    module: nn.Module, device: torch.device, *, component: str
-) -> None:
-    """Run every submodule's buffer hook on `device`; refuse buffers still on `meta` after it.
-
-    Raises:
-        StateMismatchError: naming the non-persistent buffers left on meta (their module has no
-            `init_non_persistent_buffers(device)` hook, or the hook did not set them).
-    """
-    for sub in module.modules():
-        hook = getattr(sub, BUFFER_HOOK, None)
-        if callable(hook):
-            hook(device)
-    if device.type == "meta":
-        return
-    left = [
-        f"{prefix}.{leaf}" if prefix else leaf
-        for prefix, sub in module.named_modules()
-        for leaf, buffer in sub._buffers.items()
-        if buffer is not None and buffer.is_meta
-    ]
-    if left:
-        raise StateMismatchError(
-            f"{component}: buffer(s) {', '.join(left)} are still on meta after loading; they are"
-            f" not in the checkpoint, so give their module an {BUFFER_HOOK}(device) method that"
-            " recomputes them"
-        )
 
 
 def process_weights(

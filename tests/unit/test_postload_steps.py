@@ -17,95 +17,15 @@ from fakes.dit import TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.quant import UnquantizedLinearMethod
 from reference import dit
-from reference.errors import QuantizationLoadError, StateMismatchError
+from reference.errors import QuantizationLoadError
 from reference.plan import CPU, WeightLoadPlan
-from reference.postload import effective_plan, process_weights, rebuild_non_persistent_buffers
+from reference.postload import effective_plan, process_weights
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("calls the reference's own post-load steps directly")
 
 ACCEL = torch.device("cuda", 0)  # plans are values: no device is touched to build one
 FP8 = QuantizationSpec("fp8")
-
-
-class Hooked(nn.Module):
-    """A leaf whose non-persistent buffer its own hook recomputes, recording the device asked."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("table", torch.arange(4.0), persistent=False)
-        self.asked: list[torch.device] = []
-
-    def init_non_persistent_buffers(self, device: torch.device) -> None:
-        self.asked.append(device)
-        self.table = torch.arange(4.0, device=device)
-
-
-class Bare(nn.Module):
-    """A leaf with a non-persistent buffer and no hook."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("table", torch.arange(4.0), persistent=False)
-
-
-class Outer(nn.Module):
-    inner: nn.Sequential
-
-    def __init__(self, leaf: type[nn.Module]) -> None:
-        super().__init__()
-        self.inner = nn.Sequential(leaf())
-
-
-def built_on_meta(leaf: type[nn.Module]) -> Outer:
-    with torch.device("meta"):
-        return Outer(leaf)
-
-
-@pytest.mark.rule("CKPT-5")
-def test_each_hook_gets_the_load_device() -> None:
-    module = built_on_meta(Hooked)
-    rebuild_non_persistent_buffers(module, CPU, component="transformer")
-    leaf = module.inner[0]
-    assert isinstance(leaf, Hooked)
-    assert leaf.asked == [CPU]
-    assert torch.equal(leaf.table, torch.arange(4.0))
-
-
-@pytest.mark.rule("CKPT-5")
-def test_buffers_left_on_meta_are_refused_by_full_name() -> None:
-    module = built_on_meta(Bare)
-    with pytest.raises(StateMismatchError) as caught:
-        rebuild_non_persistent_buffers(module, CPU, component="transformer")
-    assert str(caught.value) == (
-        "transformer: buffer(s) inner.0.table are still on meta after loading; they are not in"
-        " the checkpoint, so give their module an init_non_persistent_buffers(device) method"
-        " that recomputes them"
-    )
-
-
-@pytest.mark.rule("CKPT-5")
-def test_several_buffers_left_on_meta_are_all_named() -> None:
-    with torch.device("meta"):
-        module = nn.Sequential(Bare(), Bare())
-    with pytest.raises(StateMismatchError, match=r"buffer\(s\) 0\.table, 1\.table are still"):
-        rebuild_non_persistent_buffers(module, CPU, component="vae")
-
-
-@pytest.mark.rule("CKPT-5")
-def test_a_root_buffer_is_named_without_a_prefix() -> None:
-    with torch.device("meta"):
-        module = Bare()
-    with pytest.raises(StateMismatchError, match=r"buffer\(s\) table are still on meta"):
-        rebuild_non_persistent_buffers(module, CPU, component="vae")
-
-
-@pytest.mark.rule("CKPT-5")
-def test_a_meta_target_is_not_checked() -> None:
-    """Loading onto `meta` itself (a dry run) leaves meta buffers where they belong."""
-    module = built_on_meta(Bare)
-    rebuild_non_persistent_buffers(module, torch.device("meta"), component="transformer")
-    assert getattr(module.inner[0], "table").is_meta  # noqa: B009
 
 
 @pytest.mark.rule("FP8-4")
