@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import inspect
 import json
 import time
@@ -180,8 +181,7 @@ def ddit_zero_copy(job: Job) -> Loaded:
 
 def ddit_from_pretrained(job: Job) -> Loaded:
     """diffusers' own `from_pretrained` of the same folder, with its defaults."""
-    import diffusers
-
+    diffusers = importlib.import_module("diffusers")  # the [diffusers] extra; untyped
     spec = diffusers_transformer(job)
     module: nn.Module = getattr(diffusers, spec.class_name).from_pretrained(str(spec.folder))
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
