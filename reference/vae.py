@@ -226,7 +226,8 @@ def load_vae(
     slot's dtype once, on the way into the slot (the record says so).
 
     Args:
-        build: constructs the VAE; called once, with `meta` as the default device.
+        build: constructs the VAE; called once, its parameters and persistent buffers sent to
+            `meta` as they are registered (see `build_on_meta`).
         checkpoint_path: a `.safetensors` file, a shard index, or a folder holding either.
         device: the target device (cpu or cuda).
         component: the pipeline component name, used in messages and the report.
