@@ -39,16 +39,6 @@ DIT_PACKAGE = "diffusers.models.transformers"
 INSTALL_HINT = "pip install 'diffusion-loader-conformance[diffusers]'"
 
 
-def import_vae_package(component: ComponentSpec) -> ModuleType:
-    """diffusers' VAE package, imported on first use.
-
-    Raises:
-        CheckpointError: diffusers is not installed (or fails to import), naming model_index.json,
-            the component, and the extra to install.
-    """
-    return import_model_package(component, VAE_PACKAGE)
-
-
 def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
     """One of diffusers' model packages (VAE_PACKAGE, DIT_PACKAGE), imported on first use.
 
@@ -68,11 +58,6 @@ def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
         ) from None
 
 
-def vae_class_names(package: ModuleType) -> tuple[str, ...]:
-    """The names `resolve_vae_class` accepts in this diffusers installation, sorted."""
-    return model_class_names(package, VAE_PACKAGE)
-
-
 def model_class_names(package: ModuleType, package_name: str) -> tuple[str, ...]:
     """The ModelMixin classes `package` (named `package_name`) defines and exports, sorted."""
     model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
@@ -88,26 +73,35 @@ def model_class_names(package: ModuleType, package_name: str) -> tuple[str, ...]
     )
 
 
-def resolve_vae_class(component: ComponentSpec) -> type[nn.Module]:
-    """The diffusers VAE class that `component`'s model_index.json entry names.
+def resolve_model_class(component: ComponentSpec, package_name: str, kind: str) -> type[nn.Module]:
+    """The class of diffusers' model package `package_name` that `component` names.
 
     Raises:
-        CheckpointError: diffusers is missing (naming the extra), or the name is not one of
-            diffusers' VAE classes (listing those that are).
+        CheckpointError: diffusers is missing (naming the extra), or the name is not one of the
+            classes the package exports (listing those that are).
     """
-    package = import_vae_package(component)
-    names = vae_class_names(package)
+    package = import_model_package(component, package_name)
+    names = model_class_names(package, package_name)
     if component.class_name not in names:
         diffusers = importlib.import_module(LIBRARY)
         raise CheckpointError(
             str(component.folder.parent / MODEL_INDEX),
             component.name,
-            f"{LIBRARY} class {component.class_name!r} is not a VAE class of {VAE_PACKAGE}"
-            f" ({LIBRARY} {getattr(diffusers, '__version__', '?')}); the VAE loader builds only"
+            f"{LIBRARY} class {component.class_name!r} is not a {kind} class of {package_name}"
+            f" ({LIBRARY} {getattr(diffusers, '__version__', '?')}); the {kind} loader builds only"
             f" those: {', '.join(names)}",
         )
     cls: type[nn.Module] = vars(package)[component.class_name]
     return cls
+
+
+def resolve_vae_class(component: ComponentSpec) -> type[nn.Module]:
+    """The diffusers VAE class that `component`'s model_index.json entry names.
+
+    Raises:
+        CheckpointError: as `resolve_model_class`.
+    """
+    return resolve_model_class(component, VAE_PACKAGE, "VAE")
 
 
 def vae_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
@@ -144,22 +138,9 @@ def resolve_dit_class(component: ComponentSpec) -> type[nn.Module]:
     """The diffusers DiT class that `component`'s model_index.json entry names.
 
     Raises:
-        CheckpointError: diffusers is missing (naming the extra), or the name is not one of the
-            classes diffusers' transformer package exports (listing those that are).
+        CheckpointError: as `resolve_model_class`.
     """
-    package = import_model_package(component, DIT_PACKAGE)
-    names = model_class_names(package, DIT_PACKAGE)
-    if component.class_name not in names:
-        diffusers = importlib.import_module(LIBRARY)
-        raise CheckpointError(
-            str(component.folder.parent / MODEL_INDEX),
-            component.name,
-            f"{LIBRARY} class {component.class_name!r} is not a transformer class of"
-            f" {DIT_PACKAGE} ({LIBRARY} {getattr(diffusers, '__version__', '?')}); the"
-            f" transformer loader builds only those: {', '.join(names)}",
-        )
-    cls: type[nn.Module] = vars(package)[component.class_name]
-    return cls
+    return resolve_model_class(component, DIT_PACKAGE, "transformer")
 
 
 def model_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[], nn.Module]:
