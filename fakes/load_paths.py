@@ -23,7 +23,7 @@ from torch import nn
 from fakes.corpus_models import CorpusDiT, CorpusVAE
 from fakes.layers import LINEAR_KINDS
 from fakes.platform import FakePlatform
-from reference.adapter import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, LoaderAdapter
+from reference.kit.adapter import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, LoaderAdapter
 
 CHECKPOINT_PATHS = ("dit-adopt", "dit-direct", "vae-stream")
 PIPELINE_COMPONENTS = ("transformer", "vae")

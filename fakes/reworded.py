@@ -24,7 +24,7 @@ from reference.errors import (
     ComponentCheckpointUnsupportedError,
     DeviceMemoryError,
 )
-from reference.reference_adapter import ReferenceAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 from reference.report import LoadReport
 
 # Types a rule or the adapter Protocol names: a reworded error stays an instance of them.

@@ -6,7 +6,6 @@ reader), zero-copy adoption and per-tensor streaming, post-load processing, and 
 plus the adapter seam the conformance suite uses.
 """
 
-from reference.adapter import LoaderAdapter
 from reference.admission import admit
 from reference.adopt import LinearKinds, Verdict, load_full_state, zero_copy_verdict
 from reference.args import ServerArgs, parse_args
@@ -23,6 +22,8 @@ from reference.errors import (
     StateDictABIError,
     StateMismatchError,
 )
+from reference.kit.adapter import LoaderAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 from reference.load import load_pipeline
 from reference.loaders import ComponentLoader
 from reference.pipeline import MODELS, read_pipeline
@@ -30,7 +31,6 @@ from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.postload import OffloadOptions, offload_for_quantization
 from reference.preflight import check_device_memory
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
-from reference.reference_adapter import ReferenceAdapter
 from reference.report import LoadReport, TensorRecord
 from reference.rules import RULES, Rule
 from reference.slots import state_slots

@@ -1,4 +1,4 @@
-"""Command line: `python -m reference demo | load | bench | rules | report`."""
+"""Command line: `python -m reference demo | load | bench | rules | report | conform`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from reference.cli import load_command
 from reference.demo import demo
-from reference.matrix import report_command
+from reference.kit.matrix import report_command
 from reference.rules import RULES
 
 
@@ -26,14 +26,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("load", help="load a pipeline folder: python -m reference load DIR [flags]")
     sub.add_parser("bench", help="peak memory and time of every loading path (bench --help)")
     sub.add_parser("rules", help="print the rule catalogue")
+    sub.add_parser(
+        "conform",
+        help="run the installed contract tests: conform --loader=SPEC [pytest args] (conform -h)",
+    )
     merge = sub.add_parser("report", help="merge conformance reports into one Markdown matrix")
     merge.add_argument("reports", nargs="+", metavar="REPORT.json")
     merge.add_argument("--out", metavar="FILE", help="write the matrix to FILE, not stdout")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["load"]:
         return load_command(argv[1:])  # its flags are parsed by reference.args
+    if argv[:1] == ["conform"]:
+        from reference.kit.conform import conform_command
+
+        return conform_command(argv[1:])  # its arguments are pytest's
     if argv[:1] == ["bench"]:
-        from reference.bench import bench_command
+        from reference.bench.command import bench_command
 
         return bench_command(argv[1:])
     args = parser.parse_args(argv)

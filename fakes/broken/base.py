@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from reference.reference_adapter import ReferenceAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 
 # Why rules other than the broken one fail too: tests that pin several rules at once.
 DIRECT_MODE = "the direct-mode cases of the zero-copy truth table pin DG-5 (ZC-2..8 on the device)"

@@ -16,10 +16,10 @@ from torch import nn
 from fakes.broken.base import BrokenAdapter, swapped
 from fakes.broken.readers import SharedMapReader
 from reference import adopt, dit
-from reference.adapter import PlanLike
 from reference.adopt import AdoptedBytes, LinearKinds, Slot
 from reference.checkpoint import Checkpoint, TensorReader
 from reference.errors import QuantizationLoadError, StateMismatchError
+from reference.kit.adapter import PlanLike
 from reference.postload import offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport

@@ -20,9 +20,9 @@ from torch import nn
 
 from fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter, swapped
 from reference import adopt
-from reference.adapter import PlanLike
 from reference.adopt import ADOPT, SPECIAL_FLAGS, LinearKinds, Verdict, same_device
 from reference.adopt import zero_copy_verdict as reference_verdict
+from reference.kit.adapter import PlanLike
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 

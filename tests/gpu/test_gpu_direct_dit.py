@@ -24,8 +24,8 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.adapter import DIRECT_DIT, LoaderAdapter, PlanLike
 from reference.checkpoint import TensorReader
+from reference.kit.adapter import DIRECT_DIT, LoaderAdapter, PlanLike
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 

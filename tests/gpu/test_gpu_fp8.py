@@ -18,7 +18,7 @@ from torch import nn
 from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
-from reference.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
+from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER, PLANS)

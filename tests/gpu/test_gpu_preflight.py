@@ -20,9 +20,9 @@ import torch
 from fakes.evidence import DataReads, data_bytes, evidence_missing
 from fakes.judge import refusal
 from fakes.pipelines import FakeComponent, PipelineDiT, write_pipeline
-from reference.adapter import ADMISSION, DIRECT_DIT, PIPELINES, LoaderAdapter
 from reference.checkpoint import DTYPES
 from reference.errors import DeviceMemoryError
+from reference.kit.adapter import ADMISSION, DIRECT_DIT, PIPELINES, LoaderAdapter
 from reference.platform import SYSTEM
 
 pytestmark = pytest.mark.capability(DIRECT_DIT, ADMISSION, PIPELINES)

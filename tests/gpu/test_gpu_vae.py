@@ -20,7 +20,7 @@ from torch import nn
 
 from fakes.vae import StandardVAE, VAEConfig
 from fakes.vae_checkpoints import write_vae_checkpoint
-from reference.adapter import VAE_STREAM, LoaderAdapter
+from reference.kit.adapter import VAE_STREAM, LoaderAdapter
 from reference.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(VAE_STREAM)

@@ -33,9 +33,9 @@ from fakes.pipelines import (
     write_pipeline,
 )
 from fakes.platform import FakePlatform
-from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 from reference.args import ServerArgsLike
 from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
+from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 from reference.quantization import QuantizationSpec
 
 ACCEL = torch.device("cuda", 0)

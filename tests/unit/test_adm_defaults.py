@@ -16,7 +16,7 @@ import torch
 from fakes.pipelines import FakeComponent, FakeVocoder, PipelineDiT, PipelineVAE, write_pipeline
 from fakes.platform import FakePlatform
 from fakes.vae import UnrebuiltBufferVAE, VAEConfig
-from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 from reference.pipeline import MODELS
 
 pytestmark = [pytest.mark.rule("ADM-6"), pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)]

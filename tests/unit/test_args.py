@@ -18,7 +18,7 @@ import torch
 from fakes.judge import refusal
 from fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
 from fakes.platform import FakePlatform
-from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)

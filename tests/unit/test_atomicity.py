@@ -33,7 +33,9 @@ from fakes.load_paths import (
     load_checkpoint,
     load_component,
 )
-from reference.adapter import (
+from reference.checkpoint import TensorReader
+from reference.errors import CheckpointError
+from reference.kit.adapter import (
     CHECKPOINT_SAFETY,
     DIRECT_DIT,
     FP8_DEFER,
@@ -41,8 +43,6 @@ from reference.adapter import (
     LoaderAdapter,
     PlanLike,
 )
-from reference.checkpoint import TensorReader
-from reference.errors import CheckpointError
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)

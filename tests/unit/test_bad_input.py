@@ -31,9 +31,9 @@ from fakes.load_paths import (
     load_checkpoint,
     load_component,
 )
-from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 from reference.checkpoint import open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 

@@ -18,12 +18,13 @@ from torch import nn
 from fakes.bench import BenchDiT, BenchShapes
 from fakes.checkpoints import write_checkpoint
 from fakes.layers import LINEAR_KINDS
-from reference import bench_paths, bench_runner
 from reference.__main__ import main
 from reference.adopt import ADOPTION_DISABLED, load_full_state
-from reference.bench import parse_sizes, write_folder
-from reference.bench_ratios import RATIOS, compute_ratios
-from reference.bench_report import format_document, plot_available, write_plot
+from reference.bench import paths as bench_paths
+from reference.bench import runner as bench_runner
+from reference.bench.command import parse_sizes, write_folder
+from reference.bench.ratios import RATIOS, compute_ratios
+from reference.bench.report import format_document, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
 from reference.plan import WeightLoadPlan

@@ -19,7 +19,7 @@ import pytest
 
 import fakes.broken
 from fakes.broken import BROKEN, BrokenAdapter
-from reference.reference_adapter import ReferenceAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 from reference.rules import BY_ID, RULES
 
 pytestmark = pytest.mark.internal
@@ -77,6 +77,8 @@ def failed_rules(
             "--deselect",
             SLOW,
             f"--basetemp={tmp_path / 'run'}",
+            "-p",
+            "reference.kit.plugin",
             "-p",
             "pytest_mock",
             "-p",
@@ -150,8 +152,8 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
 # What each plain-PyTorch baseline honours all the same: safetensors maps the file copy-on-write,
 # so `assign=True` never writes the checkpoint (ZC-13).
 HONOURED = {
-    "reference.baseline:PlainLoadStateDict": frozenset[str](),
-    "reference.baseline:PlainAssign": frozenset({"ZC-13"}),
+    "reference.kit.baseline:PlainLoadStateDict": frozenset[str](),
+    "reference.kit.baseline:PlainAssign": frozenset({"ZC-13"}),
 }
 
 

@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import save_file
 
 from fakes.judge import refusal
-from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 from reference.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 

@@ -14,9 +14,9 @@ from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_
 from fakes.judge import refusal
 from fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state, split_state
 from fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
-from reference.adapter import CHECKPOINT_SAFETY, VAE_STREAM, LoaderAdapter
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, VAE_STREAM, LoaderAdapter
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.adapter import PLANS, LoaderAdapter
+from reference.kit.adapter import PLANS, LoaderAdapter
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(PLANS)

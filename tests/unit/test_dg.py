@@ -25,8 +25,8 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.adapter import DIRECT_DIT, LoaderAdapter, PlanLike
 from reference.checkpoint import open_checkpoint
+from reference.kit.adapter import DIRECT_DIT, LoaderAdapter, PlanLike
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 

@@ -33,7 +33,7 @@ from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_
 from fakes.file_maps import file_position, maps_missing, tensor_positions
 from fakes.judge import refusal
 from fakes.platform import FakePlatform
-from reference.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
 from reference.quantization import QuantizationSpec
 
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"

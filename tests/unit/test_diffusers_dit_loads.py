@@ -20,7 +20,7 @@ from torch import nn
 from fakes.diffusers_pipelines import WAN_DIT
 from fakes.file_maps import file_position, tensor_positions
 from fakes.layers import LINEAR_KINDS
-from reference.adapter import ZERO_COPY, LoaderAdapter
+from reference.kit.adapter import ZERO_COPY, LoaderAdapter
 
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
 

@@ -29,7 +29,7 @@ from fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
-from reference.adapter import PIPELINES, VAE_STREAM, LoaderAdapter
+from reference.kit.adapter import PIPELINES, VAE_STREAM, LoaderAdapter
 from reference.platform import SYSTEM
 
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"

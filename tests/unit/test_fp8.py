@@ -26,8 +26,8 @@ from fakes.quant import (
     UnquantizedLinearMethod,
     quant_method_factory,
 )
-from reference.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
 from reference.errors import QuantizationLoadError
+from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec
 

@@ -15,7 +15,7 @@ import torch
 
 from fakes.dit import TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
-from reference.adapter import FP8_DEFER, PLANS, LoaderAdapter
+from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter
 from reference.quantization import QuantizationSpec
 
 pytestmark = [pytest.mark.capability(PLANS), pytest.mark.capability(FP8_DEFER)]

@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 from fakes.checkpoints import write_checkpoint
 from fakes.fuzz import FUZZ_SETTINGS, checkpoints, mutate, pairs_or_none, same_meaning, write
 from fakes.judge import assert_names, refusal
-from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 
 CPU = torch.device("cpu")
 CODES = {

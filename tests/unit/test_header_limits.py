@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from fakes.judge import refusal
-from reference.adapter import LoaderAdapter
 from reference.errors import CheckpointError
 from reference.header import MAX_HEADER_BYTES, read_header
+from reference.kit.adapter import LoaderAdapter
 
 F32 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
 

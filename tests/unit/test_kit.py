@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reference.adapter import PLANS
-from reference.reference_adapter import ReferenceAdapter
-from reference.selection import (
+from reference.kit.adapter import PLANS
+from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.selection import (
     DEFAULT_SOURCE,
     ENTRY_POINT_GROUP,
     ENV_VAR,
@@ -28,10 +27,10 @@ from reference.selection import (
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.internal
 
-CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+PLUGIN = "reference.kit.plugin"
 
 ADAPTERS = """
-from reference.adapter import PLANS, VAE_STREAM, ZERO_COPY
+from reference.kit.adapter import PLANS, VAE_STREAM, ZERO_COPY
 
 class Good:
     name = "good"
@@ -55,7 +54,7 @@ INSTANCE = PlansOnly()
 
 SUITE = """
 import pytest
-from reference.adapter import PLANS, ZERO_COPY
+from reference.kit.adapter import PLANS, ZERO_COPY
 
 @pytest.mark.rule("PLAN-1")
 @pytest.mark.capability(PLANS)
@@ -83,8 +82,10 @@ def kit(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Py
     """A temporary project holding the real plugin, a tiny suite and a module of adapters."""
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the plugin needs none; faster
-    pytester.makeconftest(CONFTEST.read_text())
     pytester.makepyfile(tinyloaders=ADAPTERS, test_tiny=SUITE)
+    # What a clone's tests/conftest.py holds. Loading it also puts the folder, and so the
+    # adapters module, on sys.path of pytest-xdist's workers.
+    pytester.makeconftest(f"pytest_plugins = [{PLUGIN!r}]")
     pytester.syspathinsert()
     return pytester
 
@@ -310,7 +311,8 @@ NOT_AN_ADAPTER = 42
 
 def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
     assert isinstance(
-        resolve_spec("reference.reference_adapter:ReferenceAdapter", origin="x"), ReferenceAdapter
+        resolve_spec("reference.kit.reference_adapter:ReferenceAdapter", origin="x"),
+        ReferenceAdapter,
     )
     assert resolve_spec(f"{__name__}:Named", origin="x").name == "named"
     assert resolve_spec(f"{__name__}:Named.Inner", origin="x").name == "inner"
@@ -334,7 +336,7 @@ def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("reference.adapter:", "expected package.module:attr with both parts non-empty"),
+        ("reference.kit.adapter:", "expected package.module:attr with both parts non-empty"),
         (
             f"{__name__}:broken_factory",
             "calling it with no arguments raised RuntimeError: needs a GPU",
@@ -375,7 +377,7 @@ def test_adapter_capabilities_must_be_known_and_frozen(capabilities: object, mes
 
 REFERENCE_ONLY = """
 import pytest
-from reference.reference_adapter import ReferenceAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 
 class Subclass(ReferenceAdapter):
     name = "subclass"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from reference.__main__ import main
-from reference.conformance import (
+from reference.kit.conformance import (
     TestOutcome,
     build_report,
     rule_statuses,
@@ -17,14 +17,14 @@ from reference.conformance import (
     unexpected_passes,
     verdict,
 )
-from reference.expectations import (
+from reference.kit.expectations import (
     Expectation,
     ExpectationsError,
     expected_reason,
     parse_expectations,
     read_expectations,
 )
-from reference.matrix import ReportError, load_report, render_matrix
+from reference.kit.matrix import ReportError, load_report, render_matrix
 from reference.rules import RULES
 
 pytestmark = pytest.mark.internal

@@ -26,8 +26,8 @@ from fakes.load_paths import (
     load_component,
 )
 from fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
-from reference.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
 
 pytestmark = [pytest.mark.rule("CKPT-1"), pytest.mark.capability(CHECKPOINT_SAFETY)]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fakes.judge import refusal
-from reference.adapter import PLANS, LoaderAdapter, PlanLike
+from reference.kit.adapter import PLANS, LoaderAdapter, PlanLike
 
 pytestmark = pytest.mark.capability(PLANS)
 

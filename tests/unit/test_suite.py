@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reference.conformance import (
+from reference.kit.conformance import (
     SCHEMA,
     TestOutcome,
     build_report,

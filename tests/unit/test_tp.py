@@ -33,8 +33,8 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.adapter import TENSOR_PARALLEL, ZERO_COPY, LoaderAdapter, PlanLike
-from reference.selection import select_adapter
+from reference.kit.adapter import TENSOR_PARALLEL, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.kit.selection import select_adapter
 
 pytestmark = [pytest.mark.capability(TENSOR_PARALLEL), pytest.mark.capability(ZERO_COPY)]
 

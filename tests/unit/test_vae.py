@@ -50,13 +50,13 @@ from fakes.vae import (
     with_user_hook,
 )
 from fakes.vae_checkpoints import UNKNOWN_NAME, write_defective_vae_checkpoint, write_vae_checkpoint
-from reference.adapter import VAE_STREAM, LoaderAdapter
 from reference.errors import (
     ArgumentError,
     ComponentCheckpointUnsupportedError,
     StateDictABIError,
     StateMismatchError,
 )
+from reference.kit.adapter import VAE_STREAM, LoaderAdapter
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(VAE_STREAM)

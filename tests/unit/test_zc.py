@@ -32,7 +32,7 @@ from fakes.layers import (
     default_weight_loader,
 )
 from fakes.quant import OnlineFp8LinearMethod
-from reference.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.kit.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
 from reference.report import LoadReport
 
 pytestmark = pytest.mark.capability(ZERO_COPY)

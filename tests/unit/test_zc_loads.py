@@ -41,8 +41,8 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
 from reference.checkpoint import TensorReader, open_checkpoint
+from reference.kit.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(ZERO_COPY)

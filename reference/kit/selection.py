@@ -3,7 +3,7 @@
 A SPEC is either `package.module:attr` (`attr` may be dotted) or the name of an entry point in
 the group `diffusion_loader_conformance.adapters`. What it names is an adapter object, an adapter
 class, or a zero-argument factory returning an adapter. Whatever it is, the result must satisfy
-`reference.adapter.LoaderAdapter`: a non-empty `name` and a non-empty frozenset `capabilities`
+`reference.kit.adapter.LoaderAdapter`: a non-empty `name` and a non-empty frozenset `capabilities`
 drawn from `ALL_CAPABILITIES`. A SPEC that does not resolve is an error: the suite never quietly
 judges another loader, or none.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Literal, cast
 
-from reference.adapter import ALL_CAPABILITIES, LoaderAdapter
-from reference.reference_adapter import ReferenceAdapter
+from reference.kit.adapter import ALL_CAPABILITIES, LoaderAdapter
+from reference.kit.reference_adapter import ReferenceAdapter
 
 ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
 ENV_VAR = "LOADER_UNDER_TEST"
@@ -30,7 +30,7 @@ HOW_TO_CHOOSE = (
     f"     {OPTION}=NAME                 an entry point in group '{ENTRY_POINT_GROUP}'\n"
     f"  2. {ENV_VAR}=SPEC        the same syntax, in the environment\n"
     "  3. neither                       the reference's own adapter"
-    " (reference.reference_adapter:ReferenceAdapter)"
+    " (reference.kit.reference_adapter:ReferenceAdapter)"
 )
 
 

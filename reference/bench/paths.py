@@ -3,8 +3,8 @@
 `run(job)` measures one path once in the calling process: either timed (no sampler thread
 competing with the load) or sampled for memory (`reference.memory.PeakSampler`). Everything a path
 needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region,
-and the loaded tensors are listed and counted after it. `reference.bench_runner` runs each job in
-a fresh process; `reference.bench` orchestrates the runs and takes medians.
+and the loaded tensors are listed and counted after it. `reference.bench.runner` runs each job in
+a fresh process; `reference.bench.command` orchestrates the runs and takes medians.
 
 With a warm-up folder, the path first loads those (small) checkpoints, unmeasured, so the one-off
 costs of a process's first load (first calls, lazy caches, the copy-on-write faults of a forked

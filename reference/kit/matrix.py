@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reference.conformance import SCHEMA, verdict
+from reference.kit.conformance import SCHEMA, verdict
 from reference.rules import BY_ID, RULES
 
 CELLS: dict[str, str] = {

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.adapter import CHECKPOINT_SAFETY, VAE_STREAM
 from reference.errors import CheckpointError
+from reference.kit.adapter import CHECKPOINT_SAFETY, VAE_STREAM
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord

@@ -1,11 +1,11 @@
 """The benchmark's runs, each in a fresh process.
 
-    python -m reference.bench_runner PATH DIR [--mode time|memory] [--warmup SMALL_DIR]
+    python -m reference.bench.runner PATH DIR [--mode time|memory] [--warmup SMALL_DIR]
                                      [--threads N]
 
-runs one path (`reference.bench_paths.PATHS`) on the checkpoints the benchmark wrote into DIR
+runs one path (`reference.bench.paths.PATHS`) on the checkpoints the benchmark wrote into DIR
 (`shapes.json`, `dit/`, `vae/`) and prints one JSON line. `python -m reference bench` starts
-`python -m reference.bench_runner --serve` instead, which imports torch once and then forks a
+`python -m reference.bench.runner --serve` instead, which imports torch once and then forks a
 fresh child per run: every run starts from the same untouched process, without paying the
 two-second torch import each time. The runner does no tensor work and never touches CUDA before
 forking, so the children start clean. Before each run it reads the checkpoint files once, so the
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.bench_paths import DIFFUSERS_FOLDER, MODES, PATHS, Job, library_missing, run
+from reference.bench.paths import DIFFUSERS_FOLDER, MODES, PATHS, Job, library_missing, run
 from reference.plan import CPU
 
 
@@ -109,7 +109,7 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     if argv == ["--serve"]:
         return serve()
-    parser = argparse.ArgumentParser(prog="python -m reference.bench_runner", usage=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m reference.bench.runner", usage=__doc__)
     parser.add_argument("path", choices=sorted(PATHS))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--mode", choices=MODES, default="time")

@@ -4,10 +4,10 @@
                               [--json PATH] [--plot PATH]
 
 For each size, a DiT and a VAE checkpoint of about N MiB are written into a temporary folder
-(outside every measured run). Each path of `reference.bench_paths.PATHS` then runs R times timed
+(outside every measured run). Each path of `reference.bench.paths.PATHS` then runs R times timed
 and R times sampled for memory, each run in a fresh process, on a warm page cache; the figures
 are medians. The ratios the project's performance claims rest on are computed from them and
-checked against their targets (`reference.bench_ratios.RATIOS`). Linux only: memory is read
+checked against their targets (`reference.bench.ratios.RATIOS`). Linux only: memory is read
 from /proc/self/status.
 
 Figures per path (bytes are growth over the process's state before the load):
@@ -35,15 +35,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from reference.bench_paths import DIFFUSERS_FOLDER, PATHS, PathSpec, library_missing
-from reference.bench_ratios import compute_ratios
+from reference.bench.paths import DIFFUSERS_FOLDER, PATHS, PathSpec, library_missing
+from reference.bench.ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
 from reference.platform import SYSTEM, Platform, describe
 
 MIB = 1024 * 1024
 DEFAULT_SIZE_MIB = 512
 DEFAULT_REPS = 5
-# Each run first loads checkpoints of this size through its path, unmeasured (see bench_paths).
+# Each run first loads checkpoints of this size through its path, unmeasured (see
+# reference.bench.paths).
 WARMUP_MIB = 1
 Runner = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -86,15 +87,15 @@ def median_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 class ServerRunner:
-    """One `python -m reference.bench_runner --serve` process; each job runs in a fresh fork."""
+    """One `python -m reference.bench.runner --serve` process; each job runs in a fresh fork."""
 
     def __init__(self) -> None:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]  # the folder holding the reference package
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "reference.bench_runner", "--serve"],
+            [sys.executable, "-m", "reference.bench.runner", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -235,7 +236,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
     """`python -m reference bench ...`; returns the exit status (0 also when a target is missed)."""
-    from reference.bench_report import format_document, plot_available, write_plot
+    from reference.bench.report import format_document, plot_available, write_plot
 
     parser = argparse.ArgumentParser(
         prog="python -m reference bench",

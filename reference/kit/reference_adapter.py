@@ -1,4 +1,4 @@
-"""The reference loader behind the suite's seam (reference.adapter.LoaderAdapter).
+"""The reference loader behind the suite's seam (reference.kit.adapter.LoaderAdapter).
 
 Each method delegates to the module that does the work, so this file reads as a map from the
 contract's capabilities to the reference's modules.
@@ -20,7 +20,11 @@ from reference import pipeline as pipeline_mod
 from reference import plan as plan_mod
 from reference import slots as slots_mod
 from reference import vae as vae_mod
-from reference.adapter import (
+from reference.adopt import LinearKinds, Verdict
+from reference.args import ServerArgsLike, own_server_args
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.errors import CheckpointError
+from reference.kit.adapter import (
     ADMISSION,
     CHECKPOINT_SAFETY,
     CLI_ARGS,
@@ -33,10 +37,6 @@ from reference.adapter import (
     ZERO_COPY,
     PlanLike,
 )
-from reference.adopt import LinearKinds, Verdict
-from reference.args import ServerArgsLike, own_server_args
-from reference.checkpoint import TensorReader, open_checkpoint
-from reference.errors import CheckpointError
 from reference.platform import Platform
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec, requires_device_weight_processing

@@ -1,8 +1,8 @@
 """The benchmark's ratios: the figures its performance claims rest on, with their targets.
 
-Each ratio is read off one size's medians (`reference.bench.measure_size`). A ratio whose paths
-were skipped (no CUDA) is reported as skipped, with the reason; a ratio without a target is shown
-for comparison ("info").
+Each ratio is read off one size's medians (`reference.bench.command.measure_size`). A ratio
+whose paths were skipped (no CUDA) is reported as skipped, with the reason; a ratio without a
+target is shown for comparison ("info").
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Rule status, from the outcomes of the tests that name the rule:
   passed   none failed, at least one passed, the rest skipped;
   skipped  all were skipped (the report keeps the first reason);
   untested no test names the rule.
-Rules the adopter expects to fail carry their reason under `expected` (see reference.expectations).
+Rules the adopter expects to fail carry their reason under `expected` (see
+reference.kit.expectations).
 """
 
 from __future__ import annotations

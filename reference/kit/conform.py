@@ -1,0 +1,86 @@
+"""`python -m reference conform`: run the installed contract tests against a loader, no clone.
+
+    python -m reference conform --loader=my_pkg:MyAdapter --conformance-report=r.json [PYTEST ARGS]
+
+The contract tests are installed as `reference.kit.suite` (a clone holds them in tests/unit).
+This runs pytest over them with the suite's plugin, contract tests only (`-m "not internal"`),
+and pytest's own configuration files ignored, so the run is the same from any directory.
+Every argument is pytest's: the plugin's options (`--loader`, `--conformance-report`,
+`--expectations`, `--runtime-device`) and any other (`-k`, `-x`, `-n 4` with pytest-xdist). A
+later `-m` replaces the default selection. Nothing is written into the installed package: no
+cache folder, no bytecode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+SUITE = "reference.kit.suite"
+PLUGIN = "reference.kit.plugin"
+
+
+class SuiteNotInstalledError(RuntimeError):
+    """The contract tests are not importable as `reference.kit.suite`."""
+
+
+def suite_folder() -> Path:
+    """The folder of the installed contract tests.
+
+    Raises:
+        SuiteNotInstalledError: `reference` runs from a source tree that was not installed.
+    """
+    spec = importlib.util.find_spec(SUITE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SuiteNotInstalledError(
+            f"the contract tests ({SUITE}) are not installed with this copy of reference. From a"
+            " clone, run them where they live: python -m pytest tests/unit --loader=SPEC; or"
+            " install the package: pip install 'diffusion-loader-conformance[test]'"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def pytest_arguments(folder: Path, argv: Sequence[str]) -> list[str]:
+    """The command line `conform` hands pytest: the suite, its plugin, then the caller's."""
+    return [
+        str(folder),
+        "-p",
+        PLUGIN,
+        "-p",
+        "no:cacheprovider",
+        # The caller's pytest.ini or pyproject.toml configures their tests, not these.
+        "-c",
+        os.devnull,
+        f"--rootdir={folder}",
+        "--strict-markers",
+        "-m",
+        "not internal",
+        *argv,
+    ]
+
+
+def conform_command(argv: Sequence[str]) -> int:
+    """Run the contract tests against the loader `argv` selects.
+
+    Args:
+        argv: pytest's arguments; `--loader=SPEC` selects the loader (else $LOADER_UNDER_TEST,
+            else the reference).
+
+    Returns:
+        pytest's exit code: 0 when every contract test passed or was expected to fail.
+    """
+    if list(argv) in (["-h"], ["--help"]):
+        print((__doc__ or "").strip())
+        return 0
+    try:
+        folder = suite_folder()
+    except SuiteNotInstalledError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import pytest  # the test extra; imported here so the loader's commands do not need it
+
+    sys.dont_write_bytecode = True  # pytest then leaves no rewritten bytecode beside the tests
+    return int(pytest.main(pytest_arguments(folder, argv)))

@@ -1,0 +1,313 @@
+"""The suite's pytest plugin: loader under test, expectations, runtime device, rules, the report.
+
+Registered as the `pytest11` entry point `reference.kit.plugin`, so an installed package brings it
+to every pytest run; a clone's `tests/conftest.py` names the same module, which pytest then loads
+once. Options: `--loader=SPEC` (else $LOADER_UNDER_TEST, else the reference; see
+reference.kit.selection), `--expectations=FILE` (see reference.kit.expectations),
+`--runtime-device`, `--conformance-report`. Fixtures: `loader`, `runtime_device`, `conformance`,
+`offload_plan`, `known_rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reference import platform
+from reference.kit.adapter import LoaderAdapter, PlanLike
+from reference.kit.conformance import (
+    Outcome,
+    TestOutcome,
+    build_report,
+    summary_lines,
+    unexpected_passes,
+)
+from reference.kit.expectations import (
+    Expectations,
+    ExpectationsError,
+    expected_reason,
+    read_expectations,
+)
+from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.selection import ENV_VAR, Selection, SelectionError, select_adapter
+from reference.rules import BY_ID
+
+RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller a test's rules
+MARKERS = (
+    "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
+    "internal: a test of the suite's own machinery; names no contract rule",
+    "selftest: a long run of the suite against loaders it must fail (tox -e selftest)",
+    "capability(name): the adapter capability this test needs; skipped when the loader under"
+    " test does not declare it",
+    "reference_only(why): judges the reference alone (its wording, reasons or internals); runs"
+    " only when the loader under test is exactly ReferenceAdapter, and counts toward no rule"
+    " of another loader",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance")
+    group.addoption(
+        "--runtime-device",
+        default="cpu",
+        help="device the contract tests load onto: cpu (unit tier) or cuda (gpu tier)",
+    )
+    group.addoption(
+        "--conformance-report",
+        metavar="PATH",
+        default=None,
+        help="write the per-rule JSON report (schema loader-conformance/1) to PATH",
+    )
+    group.addoption(
+        "--loader",
+        metavar="SPEC",
+        default=None,
+        help=f"the loader under test: package.module:attr or an entry point name; else ${ENV_VAR};"
+        " else the reference adapter",
+    )
+    group.addoption(
+        "--expectations",
+        metavar="FILE",
+        default=None,
+        help="rules the loader under test is expected to fail ('RULE-ID [@device]: reason' lines)",
+    )
+
+
+class Conformance:
+    """Holds the loader under test and turns test reports into per-rule outcomes."""
+
+    def __init__(
+        self, config: pytest.Config, selection: Selection, expectations: Expectations | None
+    ) -> None:
+        self.config = config
+        self.adapter = selection.adapter
+        self.source = selection.source
+        self.expectations = expectations
+        self.device = str(config.getoption("--runtime-device"))
+        self.expected = expectations.for_device(self.device) if expectations else {}
+        # A run that judges a loader must judge something: zero contract tests is an error.
+        self.judging = (
+            selection.explicit
+            or expectations is not None
+            or bool(config.getoption("--conformance-report"))
+        )
+        self.rules: dict[str, tuple[str, ...]] = {}
+        self.outcomes: dict[str, TestOutcome] = {}
+        self.problems: list[str] = []
+        self.aborted = False  # no report for a run refused before any test ran
+        # Under pytest-xdist, workers collect and run; the controller only sees their reports,
+        # which carry each test's rules (see pytest_runtest_makereport).
+        self.worker = hasattr(config, "workerinput")
+
+    def pytest_report_header(self) -> list[str]:
+        if self.expectations is None:
+            expectations = "none (declare known failures with --expectations=FILE)"
+        else:
+            here = ", ".join(sorted(self.expected)) or "none"
+            expectations = (
+                f"{self.expectations.source}: {len(self.expectations.entries)} entries; "
+                f"expected to fail on {self.device}: {here}"
+            )
+        return [
+            f"loader under test: {self.adapter.name}, {self.source}",
+            f"capabilities: {', '.join(sorted(self.adapter.capabilities)) or 'none'}",
+            f"expectations: {expectations}",
+            f"runtime device: {self.device}; {platform.describe()}",
+        ]
+
+    @property
+    def controller(self) -> bool:
+        """Whether this process is pytest-xdist's controller (xdist registers it after us)."""
+        return self.config.pluginmanager.hasplugin("dsession")
+
+    @property
+    def judges_reference(self) -> bool:
+        """Whether the loader under test is the reference itself (not a subclass or wrapper)."""
+        return type(self.adapter) is ReferenceAdapter
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            rules = tuple(i for m in item.iter_markers("rule") for i in m.args)
+            if item.get_closest_marker("reference_only") and not self.judges_reference:
+                rules = ()  # it cannot judge this loader: it credits and blames nothing
+            self.rules[item.nodeid] = rules
+
+    def nothing_to_judge(self, selected: int) -> str:
+        return (
+            f"no contract test was collected ({selected} test(s) selected, none names a rule),"
+            f" so {self.adapter.name!r} cannot be judged. Point pytest at the suite (tests/unit,"
+            " tests/gpu) and check -k / -m / --deselect."
+        )
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not self.judging or session.testsfailed or self.worker:
+            return  # collection errors are reported by pytest itself; xdist: the controller
+        if not any(self.rules.get(item.nodeid) for item in session.items):
+            self.aborted = True
+            raise pytest.UsageError(self.nothing_to_judge(len(session.items)))
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        only = item.get_closest_marker("reference_only")
+        if only is not None and not self.judges_reference:
+            why = only.args[0] if only.args else "it checks the reference's own code"
+            pytest.skip(f"judges the reference alone: {why}")
+        for marker in item.iter_markers("capability"):
+            for capability in marker.args:
+                if capability not in self.adapter.capabilities:
+                    pytest.skip(
+                        f"loader {self.adapter.name!r} does not declare capability {capability!r}"
+                    )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        rules = self.rules.get(item.nodeid, ())
+        if self.worker:
+            report.user_properties.append((RULES_PROPERTY, rules))
+        reason = expected_reason(rules, self.expected)
+        if report.failed and reason is not None:
+            # What pytest's own xfail does: the failure stays in longrepr, the outcome changes.
+            report.outcome = "skipped"
+            report.wasxfail = f"expected: {reason}"  # type: ignore[attr-defined]
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        previous = self.outcomes.get(report.nodeid)
+        if previous is not None and previous.outcome == "failed":
+            return
+        outcome: Outcome
+        reason = ""
+        if report.failed:
+            outcome, reason = "failed", f"{report.when} failed"
+        elif report.skipped and hasattr(report, "wasxfail"):
+            outcome, reason = "xfailed", str(report.wasxfail)
+        elif report.skipped:
+            longrepr = report.longrepr
+            text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            outcome, reason = "skipped", text.removeprefix("Skipped: ")
+        elif report.when == "call":
+            outcome = "passed"
+        else:
+            return
+        rules = self.rules.get(report.nodeid, ())
+        if self.controller:
+            rules = tuple(dict(report.user_properties).get(RULES_PROPERTY, ()))
+        self.outcomes[report.nodeid] = TestOutcome(report.nodeid, rules, outcome, reason)
+
+    def report(self) -> dict[str, Any]:
+        return build_report(
+            loader_name=self.adapter.name,
+            loader_source=self.source,
+            capabilities=self.adapter.capabilities,
+            device=self.device,
+            outcomes=self.outcomes.values(),
+            expected=self.expected,
+            expectations_source=self.expectations.source if self.expectations else None,
+        )
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.aborted or self.worker:
+            return
+        if self.controller and self.judging and not any(o.rules for o in self.outcomes.values()):
+            self.aborted = True  # what pytest_collection_finish does without xdist
+            session.config.get_terminal_writer().line(
+                f"ERROR: {self.nothing_to_judge(len(self.outcomes))}", red=True
+            )
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+            return
+        passed_instead = unexpected_passes(self.report())
+        if passed_instead and self.expectations is not None:
+            self.problems.append(
+                f"FAILED: expected to fail but passed: {', '.join(passed_instead)}; if the bug is"
+                f" fixed, remove them from {self.expectations.source}"
+            )
+        contract = [o for o in self.outcomes.values() if o.rules]
+        if self.judging and contract and all(o.outcome == "skipped" for o in contract):
+            self.problems.append(
+                f"FAILED: no contract test ran: every one was skipped or deselected, so "
+                f"{self.adapter.name!r} was not judged (capabilities: "
+                f"{', '.join(sorted(self.adapter.capabilities))})"
+            )
+        if self.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.aborted or self.worker:
+            return
+        report = self.report()
+        terminalreporter.section("conformance")
+        for line in summary_lines(report):
+            terminalreporter.write_line(line)
+        for line in self.problems:
+            terminalreporter.write_line(line, red=True, bold=True)
+        path = self.config.getoption("--conformance-report")
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(report, indent=2) + "\n")
+            terminalreporter.write_line(f"conformance report written to {path}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    device = torch.device(config.getoption("--runtime-device"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(
+            "the GPU tier needs a visible CUDA device and found none ("
+            + platform.describe()
+            + "). Run it on a CUDA machine with a CUDA build of torch, or run the CPU tier:"
+            " tox -e unit"
+        )
+    try:
+        selection = select_adapter(option=config.getoption("--loader"), environ=os.environ)
+        path = config.getoption("--expectations")
+        expectations = read_expectations(path) if path else None
+    except (SelectionError, ExpectationsError) as error:
+        raise pytest.UsageError(str(error)) from None
+    config.pluginmanager.register(Conformance(config, selection, expectations), "conformance")
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest) -> Conformance:
+    plugin = request.config.pluginmanager.get_plugin("conformance")
+    assert isinstance(plugin, Conformance)
+    return plugin
+
+
+@pytest.fixture
+def loader(conformance: Conformance) -> LoaderAdapter:
+    """The loader under test (the reference adapter unless another is selected)."""
+    return conformance.adapter
+
+
+@pytest.fixture
+def runtime_device(conformance: Conformance) -> torch.device:
+    """The device contract tests load onto: cpu in the unit tier, cuda in the gpu tier."""
+    return torch.device(conformance.device)
+
+
+@pytest.fixture
+def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
+    """The plan of an unquantized, CPU-offloaded DiT, from the loader under test: it loads on
+    CPU, where adoption happens."""
+    device = loader.resolve_checkpoint_load_device(
+        runtime_device, component_cpu_offload=True, quantization=None
+    )
+    return loader.plan_for_component(
+        checkpoint_load_device=device,
+        needs_device_weight_postprocess=False,
+        component_cpu_offload=True,
+    )
+
+
+@pytest.fixture
+def known_rules() -> frozenset[str]:
+    return frozenset(BY_ID)
