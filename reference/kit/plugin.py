@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -176,7 +176,7 @@ class Conformance:
         if report.failed and reason is not None:
             # What pytest's own xfail does: the failure stays in longrepr, the outcome changes.
             report.outcome = "skipped"
-            report.wasxfail = f"expected: {reason}"  # type: ignore[attr-defined]
+            report.wasxfail = f"expected: {reason}"
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -199,7 +199,8 @@ class Conformance:
             return
         rules = self.rules.get(report.nodeid, ())
         if self.controller:
-            rules = tuple(dict(report.user_properties).get(RULES_PROPERTY, ()))
+            carried = dict(report.user_properties).get(RULES_PROPERTY, ())
+            rules = tuple(str(rule) for rule in cast("Iterable[object]", carried))
         self.outcomes[report.nodeid] = TestOutcome(report.nodeid, rules, outcome, reason)
 
     def report(self) -> dict[str, Any]:
