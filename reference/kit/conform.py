@@ -82,5 +82,9 @@ def conform_command(argv: Sequence[str]) -> int:
         return 2
     import pytest  # the test extra; imported here so the loader's commands do not need it
 
+    dont_write_bytecode = sys.dont_write_bytecode
     sys.dont_write_bytecode = True  # pytest then leaves no rewritten bytecode beside the tests
-    return int(pytest.main(pytest_arguments(folder, argv)))
+    try:
+        return int(pytest.main(pytest_arguments(folder, argv)))
+    finally:
+        sys.dont_write_bytecode = dont_write_bytecode

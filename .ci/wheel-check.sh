@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Proves the kit installs and runs with no clone (README, "Your loader in your own CI"): the
+# built wheel, installed with its test extra into a fresh venv outside the repository, runs
+# `python -m reference conform` against the plain-assign baseline from an empty folder. The run
+# must fail (the baseline breaks MUST rules), write a report that judged rules, and hold each
+# contract test once.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$root"
+wheel="$(ls "$work"/dist/*.whl)"
+shipped=$(python3 -m zipfile -l "$wheel" | grep -cE '^reference/kit/suite/test_[a-z0-9_]+\.py ')
+in_repo=$(ls "$root"/tests/unit/test_*.py | wc -l)
+echo "wheel $(basename "$wheel"): $shipped contract test files (tests/unit holds $in_repo)"
+[ "$shipped" -eq "$in_repo" ]
+python3 -m venv "$work/venv"
+# PIP_CONSTRAINT (set by .ci/run) keeps torch on its CPU build here too.
+"$work/venv/bin/python" -m pip install --quiet "$wheel[test]"
+mkdir "$work/elsewhere" && cd "$work/elsewhere"
+export CUDA_VISIBLE_DEVICES=
+code=0
+"$work/venv/bin/python" -m reference conform --loader=reference.baseline:PlainAssign \
+    --conformance-report=r.json -n auto -q --no-header >conform.log 2>&1 || code=$?
+tail -n 3 conform.log
+[ "$code" -eq 1 ] || { echo "conform exited $code; expected 1 (plain-assign breaks MUST rules)"; exit 1; }
+"$work/venv/bin/python" - <<'PY'
+import json
+
+report = json.load(open("r.json"))
+statuses = [entry["status"] for entry in report["rules"].values()]
+assert report["loader"]["name"] == "plain-assign", report["loader"]
+assert statuses.count("failed") and statuses.count("passed"), statuses
+print(f"r.json: {statuses.count('passed')} rules passed, {statuses.count('failed')} failed")
+PY

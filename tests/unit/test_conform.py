@@ -1,0 +1,96 @@
+"""`python -m reference conform`: the installed contract tests, run against a loader, no clone.
+
+The run here goes through `reference.__main__.main`, in this process, over the suite as the
+package `reference.kit.suite` finds it (the editable install maps it onto tests/unit); the
+wheel itself is installed and run from outside any clone by .ci/wheel-check.sh.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_mock import MockerFixture
+
+from reference.__main__ import main
+from reference.kit.conform import SUITE, SuiteNotInstalledError, suite_folder
+
+pytestmark = pytest.mark.internal
+
+# Two ZC-12 tests: plain `assign=True` loading keeps disjoint views adopted but unties tied
+# parameters, so the run must fail ZC-12 for it.
+SELECTION = "test_parameters_the_model_ties_stay_tied or test_disjoint_views_of_one_storage"
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working folder whose own pytest configuration would break any run that read it."""
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\naddopts = --no-such-option\n")
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_conform_judges_the_selected_loader_and_writes_its_report(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec(SUITE) is None:
+        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
+    report_path = elsewhere / "r.json"
+    folder = suite_folder()
+    before = {path.name for path in folder.iterdir()}
+    dont_write_bytecode = sys.dont_write_bytecode
+
+    code = main(
+        [
+            "conform",
+            "--loader=reference.baseline:PlainAssign",
+            f"--conformance-report={report_path}",
+            "-k",
+            SELECTION,
+            "-p",
+            "no:xdist",
+        ]
+    )
+
+    assert code == pytest.ExitCode.TESTS_FAILED
+    report = json.loads(report_path.read_text())
+    assert report["loader"]["name"] == "plain-assign"
+    assert report["rules"]["ZC-12"]["status"] == "failed"
+    assert "conformance of plain-assign on cpu" in capsys.readouterr().out
+    assert {path.name for path in folder.iterdir()} == before, "wrote into the installed suite"
+    assert sys.dont_write_bytecode == dont_write_bytecode
+
+
+def test_conform_runs_contract_tests_only(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec(SUITE) is None:
+        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
+    code = main(["conform", "--collect-only", "-q", "-k", "test_kit or test_plan", "-p", "no:xdist"])
+
+    assert code == pytest.ExitCode.OK
+    collected = capsys.readouterr().out.splitlines()
+    assert any("test_plan.py::" in line for line in collected)
+    assert not any("test_kit.py::" in line for line in collected), "internal tests were selected"
+
+
+def test_without_the_installed_suite_conform_says_how_to_get_it(
+    mocker: MockerFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mocker.patch("importlib.util.find_spec", return_value=None)
+
+    with pytest.raises(SuiteNotInstalledError, match=r"pip install"):
+        suite_folder()
+    assert main(["conform", "--loader=reference"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and SUITE in error and "tests/unit" in error
+
+
+def test_conform_help_names_the_loader_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conform", "--help"]) == 0
+    assert "--loader" in capsys.readouterr().out
