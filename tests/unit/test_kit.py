@@ -213,6 +213,16 @@ def test_no_contract_test_collected_is_an_error_when_judging(kit: pytest.Pyteste
     assert run(kit, "-m", "internal").ret == pytest.ExitCode.OK
 
 
+def test_a_run_of_other_tests_gets_no_conformance_section(kit: pytest.Pytester) -> None:
+    """The installed plugin loads into every pytest run of the environment: a project's own
+    tests, which name no rule and judge no loader, must not get a verdict."""
+    quiet = run(kit, "-m", "internal")
+    assert quiet.ret == pytest.ExitCode.OK
+    assert not re.search(r"=+ conformance =+", quiet.stdout.str())
+    judged = run(kit, "-k", "plan_one")
+    judged.stdout.fnmatch_lines(["*= conformance =*", "reference@cpu: *"])
+
+
 def test_collection_errors_are_not_masked(kit: pytest.Pytester) -> None:
     kit.makepyfile(test_broken="import no_such_module_here\n")
     result = run(kit, "test_broken.py", "--loader=tinyloaders:Good")
