@@ -2,7 +2,8 @@
 # The GPU tier without tox, on a CUDA machine with torch, safetensors, numpy, pytest and
 # pytest-mock preinstalled (no network needed): the same command `tox -e gpu` runs.
 # Prints the platform line, the tests, the conformance summary and the "gpu tier figures"
-# (peak device memory, host memory growth). Time limit: $GPU_CHECK_TIMEOUT seconds (default 600).
+# (peak device memory, host memory growth). Time limit: $GPU_CHECK_TIMEOUT seconds (default 480,
+# so one short session on a lent GPU runs it whole and still has time to rerun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 - <<'PY'
@@ -17,6 +18,7 @@ print("gpu-check:", describe())
 PY
 report="${TMPDIR:-/tmp}/conformance-cuda.json"
 # SIGINT first: pytest stops like on Ctrl-C and still prints its summary and the figures.
-timeout --signal=INT --kill-after=30 "${GPU_CHECK_TIMEOUT:-600}" \
-    python3 -m pytest tests/unit tests/gpu --runtime-device=cuda -q -rs -p no:cacheprovider \
+timeout --signal=INT --kill-after=30 "${GPU_CHECK_TIMEOUT:-480}" \
+    python3 -m pytest tests/unit tests/gpu --runtime-device=cuda -m "not selftest" -q -rs \
+    -p no:cacheprovider --durations=15 \
     --conformance-report="$report" "$@"
