@@ -444,3 +444,16 @@ def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pyteste
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert not (kit.path / "r.json").exists()
+
+
+def test_the_old_import_paths_still_name_the_kit_objects() -> None:
+    """Adopters import the seam from reference.adapter and name reference.baseline in --loader."""
+    import reference.adapter
+    import reference.baseline
+    import reference.kit.adapter
+    import reference.kit.baseline
+
+    assert reference.adapter.LoaderAdapter is reference.kit.adapter.LoaderAdapter
+    assert reference.adapter.ALL_CAPABILITIES is reference.kit.adapter.ALL_CAPABILITIES
+    assert resolve_spec("reference.baseline:PlainAssign", origin="x").name == "plain-assign"
+    assert reference.baseline.PlainAssign is reference.kit.baseline.PlainAssign
