@@ -1,20 +1,18 @@
 """The reference's command line on bad weights: one line on stderr, exit 2, nothing loaded.
 
-`python -m reference load DIR` runs in a subprocess, as a user would run it, on a corpus pipeline
-(fakes/corpus_models.py) whose transformer or VAE weights are a bad checkpoint. A few
-representative cases only: every case on every in-process path is in test_bad_input.py and
-test_pickle.py.
+`python -m reference load DIR` runs as a user would run it, CUDA hidden, in this interpreter
+(fakes.command), on a corpus pipeline (fakes/corpus_models.py) whose transformer or VAE weights
+are a bad checkpoint. A few representative cases only: every case on every in-process path is in
+test_bad_input.py and test_pickle.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from fakes.command import Result, run_reference
 from fakes.corpus_models import corpus_pipeline
 from fakes.corrupt import write_bad_checkpoint
 from fakes.guards import Seal
@@ -22,26 +20,14 @@ from fakes.pickles import write_pickle_case
 
 pytestmark = pytest.mark.internal
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def load_command(pipeline: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+def load_command(pipeline: Path) -> Result:
     argv = ["load", str(pipeline), "--models", "fakes.corpus_models", "--dit-cpu-offload"]
-    return subprocess.run(
-        [sys.executable, "-m", "reference", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return run_reference(*argv, hide_cuda=True)
 
 
-def assert_refused_in_one_line(
-    result: subprocess.CompletedProcess[str], where: str, words: str
-) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr)  # not a crash (< 0)
+def assert_refused_in_one_line(result: Result, where: str, words: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
     assert result.stdout == "", "a table was printed: something looked loaded"
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr

@@ -1,4 +1,5 @@
-"""The reference's own command line, driven in a subprocess as a user would run it."""
+"""The reference's own command line, driven as a user would run it: in this interpreter
+(fakes.command), and in a fresh one where what a new interpreter holds is the point."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.command import Result, run_reference
 from fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
 
 pytestmark = pytest.mark.internal
@@ -16,11 +18,17 @@ pytestmark = pytest.mark.internal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*argv: str, models: bool = True) -> subprocess.CompletedProcess[str]:
-    """`python -m reference ARGV` (with `--models fakes.pipelines` after `load DIR`)."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
-    if models and argv[:1] == ("load",) and len(argv) > 1:
+def run(*argv: str) -> Result:
+    """`python -m reference ARGV` with CUDA hidden (with `--models fakes.pipelines` after
+    `load DIR`), run in this interpreter."""
+    if argv[:1] == ("load",) and len(argv) > 1:
         argv = (*argv[:2], "--models", "fakes.pipelines", *argv[2:])
+    return run_reference(*argv, hide_cuda=True)
+
+
+def run_fresh(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m reference ARGV` in a new interpreter, CUDA hidden."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "reference", *argv],
         capture_output=True,
@@ -131,7 +139,9 @@ def test_a_refusal_goes_where_the_caller_says(
 
 
 def test_without_models_a_fake_class_is_not_offered(pipeline: Path) -> None:
-    result = run("load", str(pipeline), models=False)
+    """In a fresh interpreter: the command itself imports no module that registers a class
+    (in this one, other tests have imported the fakes)."""
+    result = run_fresh("load", str(pipeline))
     assert result.returncode == 2
     assert "--models" in result.stderr
     assert "PipelineDiT" in result.stderr  # the class model_index.json names

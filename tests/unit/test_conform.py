@@ -71,7 +71,9 @@ def test_conform_runs_contract_tests_only(
 ) -> None:
     if importlib.util.find_spec(SUITE) is None:
         pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
-    code = main(["conform", "--collect-only", "-q", "-k", "test_kit or test_plan", "-p", "no:xdist"])
+    code = main(
+        ["conform", "--collect-only", "-q", "-k", "test_kit or test_plan", "-p", "no:xdist"]
+    )
 
     assert code == pytest.ExitCode.OK
     collected = capsys.readouterr().out.splitlines()
@@ -88,7 +90,9 @@ def test_without_the_installed_suite_conform_says_how_to_get_it(
         suite_folder()
     assert main(["conform", "--loader=reference"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("error: ") and SUITE in error and "tests/unit" in error
+    assert error.startswith("error: ")
+    assert SUITE in error
+    assert "tests/unit" in error
 
 
 def test_conform_help_names_the_loader_option(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,12 +1,11 @@
 """diffusers VAEs through the reference's command line, its class resolution, and the error a user
-gets without the diffusers extra. The command runs in a subprocess, offline (HF_HUB_OFFLINE=1)."""
+gets without the diffusers extra. The command runs in this interpreter (fakes.command), on local
+folders only: nothing is downloaded."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +15,7 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
+from fakes.command import Result, run_reference
 from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
 from fakes.platform import FakePlatform
 from reference.args import parse_args
@@ -25,7 +25,6 @@ from reference.errors import CheckpointError
 from reference.model_loaders import VAELoader
 from reference.pipeline import read_pipeline
 
-ROOT = Path(__file__).resolve().parents[2]
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
 SEL = "--component-direct-gpu-weight-loading.vae"
 # The command line and diffusers resolution are the reference's own: they judge nothing else.
@@ -44,14 +43,9 @@ def diffusers() -> ModuleType:
     return module
 
 
-def run_load(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`python -m reference load ...` in a fresh interpreter, offline."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
-    command = [sys.executable, "-m", "reference", "load", *argv]
-    return subprocess.run(
-        command, check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
-    )
+def run_load(*argv: str) -> Result:
+    """`python -m reference load ...`, run in this interpreter."""
+    return run_reference("load", *argv)
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:

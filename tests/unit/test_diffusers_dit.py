@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.command import Result, run_reference
 from fakes.diffusers_pipelines import (
     FLUX_PIPELINE,
     WAN_DIT,
@@ -298,7 +299,12 @@ def test_quantization_of_a_plain_diffusers_dit_is_refused_before_any_read(
 # --- the reference's command line on Hub-layout pipelines -----------------------------------------
 
 
-def run_load(*argv: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
+def run_load(*argv: str) -> Result:
+    """`python -m reference load ...` in this interpreter, CUDA hidden."""
+    return run_reference("load", *argv, hide_cuda=True)
+
+
+def run_load_fresh(*argv: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
     """`python -m reference load ...` in a fresh interpreter, offline, CUDA hidden."""
     path = os.pathsep.join(p for p in (str(ROOT), pythonpath, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
@@ -329,7 +335,7 @@ def table(stdout: str) -> tuple[dict[str, list[str]], dict[str, str]]:
     return rows, skipped
 
 
-def assert_one_error_line(done: subprocess.CompletedProcess[str], *words: str) -> str:
+def assert_one_error_line(done: Result | subprocess.CompletedProcess[str], *words: str) -> str:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
@@ -343,14 +349,19 @@ def assert_one_error_line(done: subprocess.CompletedProcess[str], *words: str) -
 
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
-@pytest.mark.parametrize("which", ["wan-sharded", "flux-single"])
+@pytest.mark.parametrize(
+    ("which", "fresh"),
+    [("wan-sharded", False), ("flux-single", True)],
+    ids=["wan-sharded", "flux-single"],
+)
 def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
-    hub: dict[str, Path], which: str
+    hub: dict[str, Path], which: str, fresh: bool
 ) -> None:
-    """In a fresh interpreter, as a user runs it (the in-process test below covers every
-    pipeline and layout with the same code)."""
+    """As a user runs it: one pipeline in a fresh interpreter, the other in this one (the
+    in-process test below covers every pipeline and layout with the same code)."""
     root, name = hub[which], which.split("-", maxsplit=1)[0]
-    done = run_load(str(root), "--dit-cpu-offload", "--device", "cpu")
+    argv = (str(root), "--dit-cpu-offload", "--device", "cpu")
+    done = run_load_fresh(*argv) if fresh else run_load(*argv)
     assert done.returncode == 0, done.stderr
     rows, skipped = table(done.stdout)
     assert list(rows) == ["transformer", "vae"]
@@ -442,6 +453,8 @@ def test_unregistered_class_error_offers_diffusers_and_models_never_fakes(
 def test_unexpected_failures_are_one_error_line_without_a_traceback(
     tmp_path: Path, hub: dict[str, Path]
 ) -> None:
+    """The model's own exception in a fresh interpreter, as a user meets it: exit 2, one line,
+    no traceback on stderr; the other failures in this interpreter."""
     models = tmp_path / "models"
     models.mkdir()
     (models / "boom_models.py").write_text(
@@ -461,7 +474,9 @@ def test_unexpected_failures_are_one_error_line_without_a_traceback(
     source = hub["wan-single"] / "transformer" / "diffusion_pytorch_model.safetensors"
     (root / "transformer" / source.name).write_bytes(source.read_bytes())
     assert_one_error_line(
-        run_load(str(root), "--models", "boom_models", "--device", "cpu", pythonpath=str(models)),
+        run_load_fresh(
+            str(root), "--models", "boom_models", "--device", "cpu", pythonpath=str(models)
+        ),
         "ZeroDivisionError",
         "boom in __init__",
     )

@@ -11,6 +11,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read once when huggingface_hub is imported
 
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -181,32 +182,40 @@ def test_reference_resolution_streams_the_named_class_on_the_runtime_device(
     assert_same_vae(module, expected, VIDEO_WAN.sample_latents(runtime_device), runtime_device)
 
 
-@pytest.mark.capability(VAE_STREAM)
-@pytest.mark.rule("VAE-2", "VAE-3", "VAE-5", "VAE-6")
-def test_diffusers_vae_classes_use_the_standard_state_dict_abi(
-    loader: LoaderAdapter, diffusers: ModuleType
-) -> None:
-    """Every VAE class diffusers ships (that builds from its defaults) passes the ABI rules on a
-    meta build: no overrides or user hooks on any submodule, no ties, keys equal the slots."""
+@pytest.fixture(scope="module")
+def meta_vaes(diffusers: ModuleType) -> Mapping[str, nn.Module]:
+    """Every VAE class diffusers ships that builds from its defaults, built on meta, by class
+    name (built once per module: the tests only read them)."""
     package = diffusers.models.autoencoders
     classes = {
         name: obj
         for name, obj in vars(package).items()
         if isinstance(obj, type) and issubclass(obj, diffusers.ModelMixin)
     }
-    refused, built = {}, []
+    built: dict[str, nn.Module] = {}
     for name, cls in sorted(classes.items()):
         try:
             with torch.device("meta"):
-                module = cls()
+                built[name] = cls()
         except Exception:  # needs constructor arguments, or a library diffusers lacks here
             continue
-        built.append(name)
+    return built
+
+
+@pytest.mark.capability(VAE_STREAM)
+@pytest.mark.rule("VAE-2", "VAE-3", "VAE-5", "VAE-6")
+def test_diffusers_vae_classes_use_the_standard_state_dict_abi(
+    loader: LoaderAdapter, meta_vaes: Mapping[str, nn.Module]
+) -> None:
+    """Every VAE class diffusers ships (that builds from its defaults) passes the ABI rules on a
+    meta build: no overrides or user hooks on any submodule, no ties, keys equal the slots."""
+    refused = {}
+    for name, module in meta_vaes.items():
         try:
             assert loader.vae_state_slots(module)
         except ValueError as exc:
             refused[name] = str(exc)
-    assert {"AutoencoderKL", "AutoencoderKLWan", "AutoencoderKLCogVideoX"} <= set(built)
+    assert {"AutoencoderKL", "AutoencoderKLWan", "AutoencoderKLCogVideoX"} <= set(meta_vaes)
     assert refused == {}
 
 
@@ -258,24 +267,13 @@ def test_diffusers_vae_with_buffers_computed_in_init_streams_without_edits(
 @pytest.mark.rule("VAE-1", "VAE-9")
 @pytest.mark.reference_only("the reference's own meta build, on every diffusers VAE class")
 def test_reference_meta_build_of_every_diffusers_vae_keeps_only_its_buffers_real(
-    diffusers: ModuleType,
+    meta_vaes: Mapping[str, nn.Module],
 ) -> None:
     from reference.vae import build_on_meta
 
-    package = diffusers.models.autoencoders
-    classes = {
-        name: obj
-        for name, obj in vars(package).items()
-        if isinstance(obj, type) and issubclass(obj, diffusers.ModelMixin)
-    }
     with_buffers = []
-    for name, cls in sorted(classes.items()):
-        try:
-            with torch.device("meta"):
-                cls()
-        except Exception:  # needs constructor arguments, or a library diffusers lacks here
-            continue
-        module = build_on_meta(cls, component=name)
+    for name, built in meta_vaes.items():
+        module = build_on_meta(type(built), component=name)
         assert all(t.is_meta for t in module.state_dict().values()), name
         buffers = non_persistent(module)
         assert not any(t.is_meta for t in buffers.values()), name
