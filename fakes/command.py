@@ -46,16 +46,14 @@ def fresh_models(modules: Sequence[str]) -> Iterator[None]:
     registrations happen; nothing another test imported is offered. On exit the registry and
     those modules are as they were.
     """
-    # ModelRegistry has no public way to empty it: its one dict is emptied and refilled here.
-    classes = dict(MODELS._classes)
+    classes = MODELS.snapshot()
     names = {*modules, *(cls.__module__ for cls in classes.values())} - {"__main__"}
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
-    MODELS._classes.clear()
+    MODELS.restore({})
     try:
         yield
     finally:
-        MODELS._classes.clear()
-        MODELS._classes.update(classes)
+        MODELS.restore(classes)
         for name in names:
             sys.modules.pop(name, None)
         for name, module in saved.items():

@@ -216,6 +216,15 @@ class ModelRegistry:
         """Registered class names, sorted."""
         return tuple(sorted(self._classes))
 
+    def snapshot(self) -> dict[str, type[nn.Module]]:
+        """A copy of the registrations, class by name, for `restore`."""
+        return dict(self._classes)
+
+    def restore(self, snapshot: Mapping[str, type[nn.Module]]) -> None:
+        """Make the registrations exactly `snapshot`: `{}` empties the registry, as a new
+        interpreter has it (a command run twice in one process starts the same way)."""
+        self._classes = dict(snapshot)
+
     def resolve(
         self, class_name: str, *, component: ComponentSpec | None = None
     ) -> type[nn.Module]:

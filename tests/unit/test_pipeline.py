@@ -93,6 +93,20 @@ def test_registry_registers_and_refuses_unknown_and_conflicting_names(tmp_path: 
         )
 
 
+def test_registry_snapshot_restores_exactly_what_was_registered() -> None:
+    registry = ModelRegistry()
+    registry.register(FakeBlock)
+    before = registry.snapshot()
+    registry.restore({})
+    assert registry.names() == ()
+    registry.register(FakeVocoder, name="FakeBlock")  # the name is free again
+    before["Other"] = FakeVocoder  # a snapshot is a copy: editing it registers nothing
+    assert registry.resolve("FakeBlock") is FakeVocoder
+    registry.restore({"FakeBlock": FakeBlock})
+    assert registry.names() == ("FakeBlock",)
+    assert registry.resolve("FakeBlock") is FakeBlock
+
+
 def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     spec = read_pipeline(root).component("vocoder")
