@@ -80,7 +80,15 @@ def conform_command(argv: Sequence[str]) -> int:
     except SuiteNotInstalledError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    import pytest  # the test extra; imported here so the loader's commands do not need it
+    try:
+        import pytest  # the test extra; imported here so the loader's commands do not need it
+    except ImportError:
+        print(
+            "error: conform runs pytest, which is not installed: pip install"
+            " 'diffusion-loader-conformance[test]'",
+            file=sys.stderr,
+        )
+        return 2
 
     dont_write_bytecode = sys.dont_write_bytecode
     sys.dont_write_bytecode = True  # pytest then leaves no rewritten bytecode beside the tests

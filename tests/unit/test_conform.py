@@ -95,6 +95,17 @@ def test_without_the_installed_suite_conform_says_how_to_get_it(
     assert "tests/unit" in error
 
 
+def test_without_pytest_conform_names_the_extra_to_install(
+    mocker: MockerFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec(SUITE) is None:
+        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
+    mocker.patch.dict(sys.modules, {"pytest": None})  # `import pytest` now raises ImportError
+
+    assert main(["conform", "--loader=reference"]) == 2
+    assert "[test]" in capsys.readouterr().err
+
+
 def test_conform_help_names_the_loader_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conform", "--help"]) == 0
     assert "--loader" in capsys.readouterr().out
