@@ -7,6 +7,7 @@ a user gets instead). Only local folders written into tmp_path are read: no hub 
 
 from __future__ import annotations
 
+import importlib
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read once when huggingface_hub is imported
@@ -186,7 +187,9 @@ def test_reference_resolution_streams_the_named_class_on_the_runtime_device(
 def meta_vaes(diffusers: ModuleType) -> Mapping[str, nn.Module]:
     """Every VAE class diffusers ships that builds from its defaults, built on meta, by class
     name (built once per module: the tests only read them)."""
-    package = diffusers.models.autoencoders
+    # Imported by name: diffusers' lazy modules offer a subpackage as an attribute only once
+    # something imported it, which depends on the order tests run in.
+    package = importlib.import_module("diffusers.models.autoencoders")
     classes = {
         name: obj
         for name, obj in vars(package).items()
