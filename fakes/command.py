@@ -11,15 +11,20 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from unittest.mock import patch
 
 from reference.__main__ import main
 from reference.pipeline import MODELS
 from reference.platform import SystemPlatform
+
+ROOT = Path(__file__).resolve().parents[1]  # the folder holding the reference and fakes packages
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,22 @@ def run_reference(*argv: str, hide_cuda: bool = False) -> Result:
         except SystemExit as exc:  # argparse's --help and usage errors: an int status
             code = int(exc.code or 0)
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_reference_fresh(*argv: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
+    """Run `python -m reference ARGV` in a new interpreter: offline, CUDA hidden.
+
+    For tests that judge the fresh interpreter itself (what it imports, that the module runs,
+    what reaches stderr when it fails); `pythonpath` adds a folder of `--models` modules.
+    """
+    path = os.pathsep.join(p for p in (str(ROOT), pythonpath, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "reference", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )

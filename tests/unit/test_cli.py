@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from fakes.command import Result, run_reference
+from fakes.command import Result, run_reference, run_reference_fresh
 from fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
 
 pytestmark = pytest.mark.internal
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*argv: str) -> Result:
@@ -24,19 +19,6 @@ def run(*argv: str) -> Result:
     if argv[:1] == ("load",) and len(argv) > 1:
         argv = (*argv[:2], "--models", "fakes.pipelines", *argv[2:])
     return run_reference(*argv, hide_cuda=True)
-
-
-def run_fresh(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`python -m reference ARGV` in a new interpreter, CUDA hidden."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "reference", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +123,7 @@ def test_a_refusal_goes_where_the_caller_says(
 def test_without_models_a_fake_class_is_not_offered(pipeline: Path) -> None:
     """In a fresh interpreter: the command itself imports no module that registers a class
     (in this one, other tests have imported the fakes)."""
-    result = run_fresh("load", str(pipeline))
+    result = run_reference_fresh("load", str(pipeline))
     assert result.returncode == 2
     assert "--models" in result.stderr
     assert "PipelineDiT" in result.stderr  # the class model_index.json names

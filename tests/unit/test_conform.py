@@ -26,6 +26,14 @@ SELECTION = "test_parameters_the_model_ties_stay_tied or test_disjoint_views_of_
 
 
 @pytest.fixture
+def installed() -> Path:
+    """The installed suite's folder; skips in a clone run without pip install."""
+    if importlib.util.find_spec(SUITE) is None:
+        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
+    return suite_folder()
+
+
+@pytest.fixture
 def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working folder whose own pytest configuration would break any run that read it."""
     work = tmp_path / "project"
@@ -36,13 +44,10 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_conform_judges_the_selected_loader_and_writes_its_report(
-    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+    installed: Path, elsewhere: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if importlib.util.find_spec(SUITE) is None:
-        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
     report_path = elsewhere / "r.json"
-    folder = suite_folder()
-    before = {path.name for path in folder.iterdir()}
+    before = {path.name for path in installed.iterdir()}
     dont_write_bytecode = sys.dont_write_bytecode
 
     code = main(
@@ -62,15 +67,14 @@ def test_conform_judges_the_selected_loader_and_writes_its_report(
     assert report["loader"]["name"] == "plain-assign"
     assert report["rules"]["ZC-12"]["status"] == "failed"
     assert "conformance of plain-assign on cpu" in capsys.readouterr().out
-    assert {path.name for path in folder.iterdir()} == before, "wrote into the installed suite"
+    assert {path.name for path in installed.iterdir()} == before, "wrote into the installed suite"
     assert sys.dont_write_bytecode == dont_write_bytecode
 
 
+@pytest.mark.usefixtures("installed")
 def test_conform_runs_contract_tests_only(
     elsewhere: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if importlib.util.find_spec(SUITE) is None:
-        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
     code = main(
         ["conform", "--collect-only", "-q", "-k", "test_kit or test_plan", "-p", "no:xdist"]
     )
@@ -95,11 +99,10 @@ def test_without_the_installed_suite_conform_says_how_to_get_it(
     assert "tests/unit" in error
 
 
+@pytest.mark.usefixtures("installed")
 def test_without_pytest_conform_names_the_extra_to_install(
     mocker: MockerFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if importlib.util.find_spec(SUITE) is None:
-        pytest.skip(f"{SUITE} is not installed (a clone run without pip install)")
     mocker.patch.dict(sys.modules, {"pytest": None})  # `import pytest` now raises ImportError
 
     assert main(["conform", "--loader=reference"]) == 2

@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.command import Result, run_reference
+from fakes.command import ROOT, Result, run_reference, run_reference_fresh
 from fakes.diffusers_pipelines import (
     FLUX_PIPELINE,
     WAN_DIT,
@@ -39,7 +39,6 @@ from reference.quantization import QuantizationSpec
 
 EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
 OWN_CLI = "drives the reference's own command line, class resolution and wording"
-ROOT = Path(__file__).resolve().parents[2]
 NO_CUDA = FakePlatform(cuda=False)
 FP8 = QuantizationSpec("fp8")
 PIPELINES_BY_NAME = {"wan": WAN_PIPELINE, "flux": FLUX_PIPELINE}
@@ -306,17 +305,7 @@ def run_load(*argv: str) -> Result:
 
 def run_load_fresh(*argv: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
     """`python -m reference load ...` in a fresh interpreter, offline, CUDA hidden."""
-    path = os.pathsep.join(p for p in (str(ROOT), pythonpath, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "reference", "load", *argv],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_reference_fresh("load", *argv, pythonpath=pythonpath)
 
 
 def table(stdout: str) -> tuple[dict[str, list[str]], dict[str, str]]:
