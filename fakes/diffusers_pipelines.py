@@ -1,33 +1,37 @@
-"""Real diffusers pipelines in the Hub layout, tiny: written by diffusers' own `save_pretrained`.
+"""Real diffusers pipelines, tiny, written end to end by the pipeline class's own `save_pretrained`.
 
-A folder holds `model_index.json` naming diffusers' classes, a `transformer` (a
-`WanTransformer3DModel` or `FluxTransformer2DModel`, one safetensors file or shards with an
-index), a `vae` (`AutoencoderKLWan` or `AutoencoderKL`), a `scheduler` saved by diffusers, and
-text encoder and tokenizer entries from the transformers library whose folders hold only a
-config (the reference lists them as not loaded; transformers need not be installed).
+`write_hub_pipeline` builds a diffusers pipeline (`WanPipeline(...)`, `FluxPipeline(...)`, ...)
+from tiny components and saves it: `model_index.json` exactly as diffusers writes it (component
+entries, `[null, null]` for an absent one, and the pipeline's own settings such as Wan's
+`boundary_ratio` or HunyuanDiT's `requires_safety_checker`), the transformer and the VAE
+(one safetensors file, or shards with an index), the scheduler's config, and real transformers
+text encoders and tokenizers (fakes.text_encoders; the reference lists them as not loaded).
 
-Each transformer has a few MiB of float32 weights drawn from a seed, so adopted bytes show in the
-load table and file evidence dwarfs noise. diffusers is imported only when something is built,
-so this module imports without it.
+Each transformer has tens of KiB to a few MiB of float32 weights drawn from a seed, and the inputs
+of one forward pass. diffusers and transformers are imported only when something is built, so
+this module imports without them.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, DiffusersVAE, write_diffusers_vae
+from fakes import text_encoders
+from fakes.diffusers_vaes import IMAGE_DC, IMAGE_KL, VIDEO_LTX, VIDEO_WAN, DiffusersVAE
 from fakes.vae import randomized_state
 
-SHARD_SIZE = "1MB"
-"""A `max_shard_size` that splits each tiny transformer below into several shards."""
+SHARD_SIZE = "100KB"
+"""A `max_shard_size` that splits every tiny transformer and VAE below into several shards."""
+WIDTH = text_encoders.WIDTH
+
+Inputs = Callable[[torch.Generator], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,12 @@ class DiffusersDiT:
     Attributes:
         class_name: the class in the `diffusers` package (and in model_index.json).
         config: constructor arguments.
-        inputs: forward keyword -> shape of a float input (None: pass None); integer position
-            ids and timesteps are made by `sample_inputs`.
+        inputs: seeded CPU inputs of one forward pass, by keyword.
     """
 
     class_name: str
     config: Mapping[str, Any]
-    inputs: Mapping[str, tuple[int, ...]]
+    inputs: Inputs
 
     def model_class(self) -> Any:
         """The diffusers class (AttributeError when this diffusers version lacks it)."""
@@ -57,20 +60,8 @@ class DiffusersDiT:
 
     def sample_inputs(self, device: torch.device, seed: int = 1) -> dict[str, Any]:
         """Seeded inputs for one forward pass on `device`."""
-        g = torch.Generator().manual_seed(seed)
-        kwargs: dict[str, Any] = {
-            name: torch.randn(shape, generator=g).to(device) for name, shape in self.inputs.items()
-        }
-        kwargs["timestep"] = torch.tensor([500.0], device=device)
-        if self.class_name == "FluxTransformer2DModel":
-            seq = self.inputs["hidden_states"][1]
-            text = self.inputs["encoder_hidden_states"][1]
-            kwargs["img_ids"] = torch.stack(
-                [torch.zeros(seq), torch.arange(seq) // 4, torch.arange(seq) % 4], dim=1
-            ).to(device)
-            kwargs["txt_ids"] = torch.zeros(text, 3, device=device)
-            kwargs["timestep"] = torch.tensor([0.5], device=device)
-        return kwargs
+        inputs = self.inputs(torch.Generator().manual_seed(seed))
+        return {name: _to(value, device) for name, value in inputs.items()}
 
     def forward(self, model: nn.Module, device: torch.device) -> torch.Tensor:
         """The model's output on `sample_inputs(device)`, without autograd."""
@@ -78,6 +69,98 @@ class DiffusersDiT:
             out = model(**self.sample_inputs(device), return_dict=False)[0]
         result: torch.Tensor = out
         return result
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    return value
+
+
+def _randn(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=g)
+
+
+def _wan_inputs(g: torch.Generator) -> dict[str, Any]:
+    return {
+        "hidden_states": _randn(g, 1, 4, 2, 8, 8),
+        "encoder_hidden_states": _randn(g, 1, 6, WIDTH),
+        "timestep": torch.tensor([500.0]),
+    }
+
+
+def _flux_inputs(g: torch.Generator) -> dict[str, Any]:
+    seq, text = 16, 6
+    return {
+        "hidden_states": _randn(g, 1, seq, 16),
+        "encoder_hidden_states": _randn(g, 1, text, WIDTH),
+        "pooled_projections": _randn(g, 1, WIDTH),
+        "img_ids": torch.stack(
+            [torch.zeros(seq), torch.arange(seq) // 4, torch.arange(seq) % 4], dim=1
+        ),
+        "txt_ids": torch.zeros(text, 3),
+        "timestep": torch.tensor([0.5]),
+    }
+
+
+def _sd3_inputs(g: torch.Generator) -> dict[str, Any]:
+    return {
+        "hidden_states": _randn(g, 1, 4, 8, 8),
+        "encoder_hidden_states": _randn(g, 1, 6, WIDTH),
+        "pooled_projections": _randn(g, 1, 2 * WIDTH),
+        "timestep": torch.tensor([500.0]),
+    }
+
+
+def _pixart_inputs(g: torch.Generator) -> dict[str, Any]:
+    return {
+        "hidden_states": _randn(g, 1, 4, 8, 8),
+        "encoder_hidden_states": _randn(g, 1, 6, WIDTH),
+        "timestep": torch.tensor([500]),
+        "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
+    }
+
+
+def _sana_inputs(g: torch.Generator) -> dict[str, Any]:
+    return {
+        "hidden_states": _randn(g, 1, 4, 8, 8),
+        "encoder_hidden_states": _randn(g, 1, 6, WIDTH),
+        "timestep": torch.tensor([500]),
+    }
+
+
+def _ltx_inputs(g: torch.Generator) -> dict[str, Any]:
+    frames, height, width = 2, 4, 4
+    return {
+        "hidden_states": _randn(g, 1, frames * height * width, 8),
+        "encoder_hidden_states": _randn(g, 1, 6, WIDTH),
+        "timestep": torch.tensor([500]),
+        "encoder_attention_mask": torch.ones(1, 6),
+        "num_frames": frames,
+        "height": height,
+        "width": width,
+    }
+
+
+def _hunyuan_inputs(g: torch.Generator) -> dict[str, Any]:
+    embeddings = importlib.import_module("diffusers.models.embeddings")
+    grid = 8  # 16 latent pixels in patches of 2
+    rotary = embeddings.get_2d_rotary_pos_embed(8, ((0, 0), (grid, grid)), (grid, grid))
+    return {
+        "hidden_states": _randn(g, 1, 4, 16, 16),
+        "timestep": torch.tensor([500.0]),
+        "encoder_hidden_states": _randn(g, 1, 8, WIDTH),
+        "text_embedding_mask": torch.ones(1, 8),
+        "encoder_hidden_states_t5": _randn(g, 1, 8, WIDTH),
+        "text_embedding_mask_t5": torch.ones(1, 8),
+        "image_meta_size": torch.tensor([[128.0, 128.0, 128.0, 128.0, 0.0, 0.0]]),
+        "style": torch.tensor([0]),
+        "image_rotary_emb": tuple(rotary),
+    }
 
 
 WAN_DIT = DiffusersDiT(
@@ -88,13 +171,13 @@ WAN_DIT = DiffusersDiT(
         "attention_head_dim": 32,
         "in_channels": 4,
         "out_channels": 4,
-        "text_dim": 64,
+        "text_dim": WIDTH,
         "freq_dim": 32,
         "ffn_dim": 512,
         "num_layers": 2,
         "rope_max_seq_len": 32,
     },
-    {"hidden_states": (1, 4, 2, 8, 8), "encoder_hidden_states": (1, 6, 64)},
+    _wan_inputs,
 )
 FLUX_DIT = DiffusersDiT(
     "FluxTransformer2DModel",
@@ -105,57 +188,232 @@ FLUX_DIT = DiffusersDiT(
         "num_single_layers": 2,
         "attention_head_dim": 32,
         "num_attention_heads": 4,
-        "joint_attention_dim": 64,
-        "pooled_projection_dim": 32,
+        "joint_attention_dim": WIDTH,
+        "pooled_projection_dim": WIDTH,
         "axes_dims_rope": (8, 12, 12),
     },
+    _flux_inputs,
+)
+SD3_DIT = DiffusersDiT(
+    "SD3Transformer2DModel",
     {
-        "hidden_states": (1, 16, 16),
-        "encoder_hidden_states": (1, 6, 64),
-        "pooled_projections": (1, 32),
+        "sample_size": 8,
+        "patch_size": 1,
+        "in_channels": 4,
+        "num_layers": 2,
+        "attention_head_dim": 16,
+        "num_attention_heads": 4,
+        "caption_projection_dim": 64,
+        "joint_attention_dim": WIDTH,
+        "pooled_projection_dim": 2 * WIDTH,
+        "out_channels": 4,
+        "pos_embed_max_size": 16,
     },
+    _sd3_inputs,
+)
+PIXART_DIT = DiffusersDiT(
+    "PixArtTransformer2DModel",
+    {
+        "sample_size": 8,
+        "num_layers": 2,
+        "patch_size": 2,
+        "attention_head_dim": 16,
+        "num_attention_heads": 4,
+        "caption_channels": WIDTH,
+        "in_channels": 4,
+        "cross_attention_dim": 64,
+        "out_channels": 8,
+        "attention_bias": True,
+        "activation_fn": "gelu-approximate",
+        "num_embeds_ada_norm": 1000,
+        "norm_type": "ada_norm_single",
+        "norm_elementwise_affine": False,
+        "norm_eps": 1e-6,
+    },
+    _pixart_inputs,
+)
+SANA_DIT = DiffusersDiT(
+    "SanaTransformer2DModel",
+    {
+        "patch_size": 1,
+        "in_channels": 4,
+        "out_channels": 4,
+        "num_layers": 2,
+        "num_attention_heads": 4,
+        "attention_head_dim": 16,
+        "num_cross_attention_heads": 4,
+        "cross_attention_head_dim": 16,
+        "cross_attention_dim": 64,
+        "caption_channels": WIDTH,
+        "sample_size": 8,
+    },
+    _sana_inputs,
+)
+LTX_DIT = DiffusersDiT(
+    "LTXVideoTransformer3DModel",
+    {
+        "in_channels": 8,
+        "out_channels": 8,
+        "patch_size": 1,
+        "patch_size_t": 1,
+        "num_attention_heads": 4,
+        "attention_head_dim": 16,
+        "cross_attention_dim": 64,
+        "num_layers": 2,
+        "caption_channels": WIDTH,
+    },
+    _ltx_inputs,
+)
+HUNYUAN_DIT = DiffusersDiT(
+    "HunyuanDiT2DModel",
+    {
+        "sample_size": 16,
+        "num_layers": 2,
+        "patch_size": 2,
+        "attention_head_dim": 8,
+        "num_attention_heads": 3,
+        "in_channels": 4,
+        "cross_attention_dim": WIDTH,
+        "cross_attention_dim_t5": WIDTH,
+        "pooled_projection_dim": 16,
+        "hidden_size": 24,
+        "text_len": 8,
+        "text_len_t5": 8,
+        "activation_fn": "gelu-approximate",
+    },
+    _hunyuan_inputs,
 )
 
 
 @dataclass(frozen=True)
 class HubPipeline:
-    """What a Hub-layout pipeline folder holds besides its transformer and VAE.
+    """A diffusers pipeline class and the tiny components it is built from.
 
     Attributes:
-        class_name: model_index.json's `_class_name`.
+        class_name: the pipeline class in the `diffusers` package (`_class_name`).
         dit: the transformer.
         vae: the VAE.
-        others: weightless or foreign entries: component -> [library, class].
+        scheduler: the scheduler class in the `diffusers` package.
+        text: text encoders and tokenizers: component -> transformers class (text_encoders).
+        settings: the pipeline's other constructor arguments (absent components as None, and
+            its settings, which diffusers writes into model_index.json beside the components).
+        dit_2: a second transformer (`transformer_2`, Wan 2.2's low-noise expert), or None.
     """
 
     class_name: str
     dit: DiffusersDiT
     vae: DiffusersVAE
-    others: Mapping[str, tuple[str, str]]
+    scheduler: str
+    text: Mapping[str, str]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    dit_2: DiffusersDiT | None = None
+
+    @property
+    def others(self) -> Mapping[str, tuple[str, str]]:
+        """The components that hold no DiT or VAE: component -> (library, class)."""
+        found = {name: ("transformers", cls) for name, cls in self.text.items()}
+        return {**found, "scheduler": ("diffusers", self.scheduler)}
+
+    def build(self, seed: int = 0) -> Any:
+        """The pipeline object: transformer seeded `seed`, VAE `seed + 1`, a second transformer
+        `seed + 2`, text parts seeded."""
+        diffusers = importlib.import_module("diffusers")
+        torch.manual_seed(seed)
+        parts = {name: text_encoders.build(cls) for name, cls in self.text.items()}
+        if self.dit_2 is not None:
+            parts["transformer_2"] = self.dit_2.build(seed + 2)
+        return getattr(diffusers, self.class_name)(
+            transformer=self.dit.build(seed),
+            vae=self.vae.build(seed + 1),
+            scheduler=getattr(diffusers, self.scheduler)(),
+            **parts,
+            **self.settings,
+        )
 
 
+FLOW = "FlowMatchEulerDiscreteScheduler"
+T5 = {"text_encoder": "T5EncoderModel", "tokenizer": "T5Tokenizer"}
 WAN_PIPELINE = HubPipeline(
     "WanPipeline",
     WAN_DIT,
     VIDEO_WAN,
-    {
-        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
-        "text_encoder": ("transformers", "UMT5EncoderModel"),
-        "tokenizer": ("transformers", "AutoTokenizer"),
-    },
+    FLOW,
+    {"text_encoder": "UMT5EncoderModel", "tokenizer": "T5Tokenizer"},
 )
+"""Wan 2.1: `transformer_2` absent ([null, null]); settings boundary_ratio, expand_timesteps."""
+WAN22_PIPELINE = HubPipeline(
+    "WanPipeline",
+    WAN_DIT,
+    VIDEO_WAN,
+    FLOW,
+    {"text_encoder": "UMT5EncoderModel", "tokenizer": "T5Tokenizer"},
+    {"boundary_ratio": 0.875},
+    dit_2=WAN_DIT,
+)
+"""Wan 2.2: two experts, `transformer` (high noise) and `transformer_2`, switched at
+boundary_ratio."""
 FLUX_PIPELINE = HubPipeline(
     "FluxPipeline",
     FLUX_DIT,
     IMAGE_KL,
+    FLOW,
     {
-        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
-        "text_encoder": ("transformers", "CLIPTextModel"),
-        "text_encoder_2": ("transformers", "T5EncoderModel"),
-        "tokenizer": ("transformers", "CLIPTokenizer"),
-        "tokenizer_2": ("transformers", "T5TokenizerFast"),
+        "text_encoder": "CLIPTextModel",
+        "tokenizer": "CLIPTokenizer",
+        "text_encoder_2": "T5EncoderModel",
+        "tokenizer_2": "T5Tokenizer",
     },
 )
+SD3_PIPELINE = HubPipeline(
+    "StableDiffusion3Pipeline",
+    SD3_DIT,
+    IMAGE_KL,
+    FLOW,
+    {
+        "text_encoder": "CLIPTextModelWithProjection",
+        "tokenizer": "CLIPTokenizer",
+        "text_encoder_2": "CLIPTextModelWithProjection",
+        "tokenizer_2": "CLIPTokenizer",
+        "text_encoder_3": "T5EncoderModel",
+        "tokenizer_3": "T5Tokenizer",
+    },
+)
+PIXART_PIPELINE = HubPipeline(
+    "PixArtSigmaPipeline", PIXART_DIT, IMAGE_KL, "DPMSolverMultistepScheduler", T5
+)
+SANA_PIPELINE = HubPipeline(
+    "SanaPipeline",
+    SANA_DIT,
+    IMAGE_DC,
+    "DPMSolverMultistepScheduler",
+    {"text_encoder": "Gemma2Model", "tokenizer": "GemmaTokenizer"},
+)
+LTX_PIPELINE = HubPipeline("LTXPipeline", LTX_DIT, VIDEO_LTX, FLOW, T5)
+HUNYUAN_PIPELINE = HubPipeline(
+    "HunyuanDiTPipeline",
+    HUNYUAN_DIT,
+    IMAGE_KL,
+    "DDPMScheduler",
+    {
+        "text_encoder": "BertModel",
+        "tokenizer": "BertTokenizer",
+        "text_encoder_2": "T5EncoderModel",
+        "tokenizer_2": "T5Tokenizer",
+    },
+    {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False},
+)
+"""HunyuanDiT: a boolean setting (requires_safety_checker) and two absent components."""
+
+HUB_PIPELINES: Mapping[str, HubPipeline] = {
+    "wan": WAN_PIPELINE,
+    "flux": FLUX_PIPELINE,
+    "sd3": SD3_PIPELINE,
+    "pixart": PIXART_PIPELINE,
+    "sana": SANA_PIPELINE,
+    "ltx": LTX_PIPELINE,
+    "hunyuan": HUNYUAN_PIPELINE,
+}
+"""Every pipeline the suite writes, by short name (the README lists their classes)."""
 
 
 def write_diffusers_dit(
@@ -168,45 +426,17 @@ def write_diffusers_dit(
     return saved
 
 
-def _write_foreign(folder: Path, library: str, class_name: str) -> None:
-    """A weightless or foreign component: only the config its library would read."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if class_name.endswith("Scheduler"):
-        scheduler = getattr(importlib.import_module(library), class_name)()
-        scheduler.save_pretrained(str(folder))
-        return
-    name = "tokenizer_config.json" if "Tokenizer" in class_name else "config.json"
-    config = {"architectures": [class_name], "model_type": class_name.lower()}
-    (folder / name).write_text(json.dumps(config, indent=2))
-
-
 def write_hub_pipeline(
     root: Path, pipeline: HubPipeline, *, seed: int = 0, sharded: bool = False
 ) -> Path:
-    """Write a Hub-layout pipeline folder into `root` (created) and return `root`.
+    """Build `pipeline` and write it with the pipeline's own `save_pretrained`; returns `root`.
 
     Args:
-        root: the pipeline folder.
-        pipeline: what to write.
+        root: the pipeline folder (created).
+        pipeline: what to build.
         seed: seed of the transformer's weights (the VAE's is `seed + 1`).
-        sharded: transformer and VAE in shards with an index, as large Hub models are.
+        sharded: every model in shards of SHARD_SIZE with an index, as large Hub models are.
     """
-    root.mkdir(parents=True, exist_ok=True)
-    write_diffusers_dit(root / "transformer", pipeline.dit, seed=seed, sharded=sharded)
-    write_diffusers_vae(root / "vae", pipeline.vae, seed=seed + 1, sharded=sharded)
-    for name, (library, class_name) in pipeline.others.items():
-        _write_foreign(root / name, library, class_name)
-    index: dict[str, Any] = {
-        "_class_name": pipeline.class_name,
-        "_diffusers_version": importlib.import_module("diffusers").__version__,
-    }
-    for name, entry in sorted(
-        {
-            **pipeline.others,
-            "transformer": ("diffusers", pipeline.dit.class_name),
-            "vae": ("diffusers", pipeline.vae.class_name),
-        }.items()
-    ):
-        index[name] = list(entry)
-    (root / "model_index.json").write_text(json.dumps(index, indent=2))
+    built = pipeline.build(seed)
+    built.save_pretrained(str(root), max_shard_size=SHARD_SIZE if sharded else None)
     return root

@@ -99,6 +99,51 @@ IMAGE_TINY = DiffusersVAE(
     },
     (1, 4, 4, 4),
 )
+IMAGE_DC = DiffusersVAE(
+    "AutoencoderDC",
+    {
+        "in_channels": 3,
+        "latent_channels": 4,
+        "attention_head_dim": 2,
+        "encoder_block_types": ("ResBlock", "EfficientViTBlock"),
+        "decoder_block_types": ("ResBlock", "EfficientViTBlock"),
+        "encoder_block_out_channels": (8, 8),
+        "decoder_block_out_channels": (8, 8),
+        "encoder_qkv_multiscales": ((), (5,)),
+        "decoder_qkv_multiscales": ((), (5,)),
+        "encoder_layers_per_block": (1, 1),
+        "decoder_layers_per_block": (1, 1),
+        "downsample_block_type": "conv",
+        "upsample_block_type": "interpolate",
+        "decoder_norm_types": "rms_norm",
+        "decoder_act_fns": "silu",
+        "scaling_factor": 0.41407,
+    },
+    (1, 4, 4, 4),
+)
+VIDEO_LTX = DiffusersVAE(
+    "AutoencoderKLLTXVideo",
+    {
+        "in_channels": 3,
+        "out_channels": 3,
+        "latent_channels": 8,
+        "block_out_channels": (8, 8, 8, 8),
+        "decoder_block_out_channels": (8, 8, 8, 8),
+        "layers_per_block": (1, 1, 1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1, 1, 1),
+        "spatio_temporal_scaling": (True, True, False, False),
+        "decoder_spatio_temporal_scaling": (True, True, False, False),
+        "decoder_inject_noise": (False, False, False, False, False),
+        "upsample_residual": (False, False, False, False),
+        "upsample_factor": (1, 1, 1, 1),
+        "timestep_conditioning": False,
+        "patch_size": 1,
+        "patch_size_t": 1,
+        "encoder_causal": True,
+        "decoder_causal": False,
+    },
+    (1, 8, 2, 4, 4),
+)
 # Builds its patching index ranges with torch.arange in __init__ as non-persistent buffers: on
 # meta they stay meta, and nothing rebuilds them (VAE-9).
 VIDEO_COSMOS = DiffusersVAE(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from reference.cli import load_command
 from reference.demo import demo
@@ -22,7 +23,15 @@ def rules() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reference", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="load a small demo pipeline in each mode and print the tables")
+    demo_parser = sub.add_parser(
+        "demo", help="load a small demo pipeline in each mode and print the tables"
+    )
+    demo_parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="write the demo's pipelines into DIR and keep them (default: a temporary folder)",
+    )
     sub.add_parser("load", help="load a pipeline folder: python -m reference load DIR [flags]")
     sub.add_parser("bench", help="peak memory and time of every loading path (bench --help)")
     sub.add_parser("rules", help="print the rule catalogue")
@@ -47,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return report_command(args.reports, out=args.out)
-    return {"demo": demo, "rules": rules}[args.command]()
+    if args.command == "demo":
+        return demo(keep=args.keep)
+    return rules()
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def _unquantized(request: DirectRequest, facts: Facts) -> str | None:
 
 def _cuda(request: DirectRequest, facts: Facts) -> str | None:
     assert facts.platform is not None
-    device = facts.args.runtime_device
+    device = facts.args.device
     if not facts.platform.cuda_available():
         return (
             f"{request.flag}: direct-GPU loading of component {request.component!r} needs CUDA,"
@@ -312,6 +312,7 @@ def check_arguments(
         ArgumentError: naming the flag, the component and the fix.
         ComponentCheckpointUnsupportedError: for a DiT quantized by --quantization (DG-3).
     """
+    args = args.on_platform(platform)
     requests = direct_requests(args, declared)
     _consult(ARGUMENTS, requests, Facts(args, tuple(declared), platform=platform))
     return requests

@@ -2,7 +2,8 @@
 
 Command line (argparse conventions; every flag also accepts underscores for its dashes):
 
-    --device DEVICE                          runtime device (default cuda:0)
+    --device DEVICE                          runtime device (default: cuda:0 when the platform
+                                             reports CUDA, else cpu)
     --dit-cpu-offload [true|false]           the DiT starts on CPU
     --dit-layerwise-offload [true|false]     the DiT streams its layers from CPU
     --component-cpu-offload.<component>[=true|false]
@@ -21,6 +22,7 @@ to `_`. Everything else passes through untouched and in order, as does everythin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -30,6 +32,7 @@ import torch
 
 from reference.errors import ArgumentError
 from reference.pipeline import is_transformer_component
+from reference.platform import Platform, default_runtime_device
 from reference.quantization import QuantizationSpec
 
 DIRECT_FLAG = "--direct-gpu-weight-loading"
@@ -49,7 +52,6 @@ COMPONENT_FLAGS = {
 }
 _FLAG_OF_FIELD = {value: key for key, value in COMPONENT_FLAGS.items()}
 _BOOL_WORDS = {"true": True, "false": False}
-DEFAULT_RUNTIME_DEVICE = torch.device("cuda", 0)
 
 
 def normalise_component(name: str) -> str:
@@ -106,7 +108,8 @@ class ServerArgs:
     """The loading options of one run. Construction validates and normalises (ARGS-4).
 
     Attributes:
-        runtime_device: where components compute.
+        runtime_device: where components compute; None (the default) lets the platform decide
+            when a load starts: cuda:0 when it reports CUDA, else cpu (`on_platform`).
         dit_cpu_offload: DiT components start on CPU.
         dit_layerwise_offload: DiT components stream their layers from CPU.
         component_cpu_offload: per-component CPU offload (normalised name -> bool); an entry
@@ -123,7 +126,7 @@ class ServerArgs:
             tp_size below 1.
     """
 
-    runtime_device: torch.device = DEFAULT_RUNTIME_DEVICE
+    runtime_device: torch.device | None = None
     dit_cpu_offload: bool = False
     dit_layerwise_offload: bool = False
     component_cpu_offload: Mapping[str, bool] = field(default_factory=dict)
@@ -134,7 +137,7 @@ class ServerArgs:
     component_direct_gpu_weight_loading: Mapping[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.runtime_device, torch.device):
+        if self.runtime_device is not None and not isinstance(self.runtime_device, torch.device):
             raise ArgumentError(
                 f"runtime_device must be a torch.device, got {self.runtime_device!r};"
                 f" write torch.device({str(self.runtime_device)!r})"
@@ -150,6 +153,27 @@ class ServerArgs:
             )
         for name in COMPONENT_FLAGS.values():
             object.__setattr__(self, name, _component_map(name, getattr(self, name)))
+
+    def on_platform(self, platform: Platform) -> ServerArgs:
+        """These options with the runtime device settled: as given, else the platform's default
+        (cuda:0 when it reports CUDA, else cpu). Every load settles its options first."""
+        if self.runtime_device is not None:
+            return self
+        return dataclasses.replace(self, runtime_device=default_runtime_device(platform))
+
+    @property
+    def device(self) -> torch.device:
+        """The runtime device of options settled by `on_platform`.
+
+        Raises:
+            ArgumentError: the options were not settled (a caller skipped `on_platform`).
+        """
+        if self.runtime_device is None:
+            raise ArgumentError(
+                "runtime_device is not settled; call on_platform(platform) first, or pass"
+                " runtime_device=torch.device(...)"
+            )
+        return self.runtime_device
 
     def should_direct_gpu_weight_load_component(self, name: str) -> bool:
         """ARGS-5: whether component `name` was opted in by its exact normalised name.
@@ -265,10 +289,17 @@ def _parser() -> _Parser:
     for flag in (DIT_OFFLOAD_FLAG, LAYERWISE_FLAG, FSDP_FLAG, DIRECT_FLAG):
         boolean(flag)
     boolean("--quantization-serialized")
-    parser.add_argument(DEVICE_FLAG, type=_device, default=DEFAULT_RUNTIME_DEVICE)
+    parser.add_argument(DEVICE_FLAG, type=_device, default=None)
     parser.add_argument(TP_FLAG, "--tp_size", type=_tp_size, default=1)
     parser.add_argument(QUANTIZATION_FLAG, default=None)
     return parser
+
+
+def known_flags() -> tuple[str, ...]:
+    """Every loading flag as users write it (dashes): the parser's options, then each
+    per-component prefix followed by its dot (`--component-cpu-offload.`)."""
+    options = [o for o in _parser()._option_string_actions if "_" not in o]
+    return (*options, *(f"{prefix}." for prefix in COMPONENT_FLAGS))
 
 
 def _component_prefix(token: str) -> tuple[str, str] | None:

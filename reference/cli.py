@@ -11,7 +11,9 @@ imports (none by default).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -31,10 +33,12 @@ from reference.args import (
     QUANTIZATION_FLAG,
     TP_FLAG,
     ServerArgs,
+    known_flags,
     parse_args,
 )
 from reference.checkpoint import reading_progress
 from reference.errors import ArgumentError, LoadError
+from reference.extras import install_hint
 from reference.load import iter_load, not_loaded
 from reference.loaders import LoadedComponent
 from reference.memory import PeakSampler
@@ -43,7 +47,10 @@ from reference.platform import SYSTEM, Platform
 
 MIB = 1024 * 1024
 LOADING_FLAGS: tuple[tuple[str, str], ...] = (
-    (f"{DEVICE_FLAG} DEVICE", "runtime device: cpu, cuda or cuda:N (default: cuda:0 if present)"),
+    (
+        f"{DEVICE_FLAG} DEVICE",
+        "runtime device: cpu, cuda or cuda:N (default: cuda:0 if present, else cpu)",
+    ),
     (f"{DIT_OFFLOAD_FLAG} [true|false]", "CPU-offload every DiT component (zero-copy adoption)"),
     (f"{LAYERWISE_FLAG} [true|false]", "layerwise offload of the DiT"),
     (
@@ -137,15 +144,36 @@ def load_with_table(
             rows.append(Row(loaded, sampler.anon_growth))
 
 
-def default_device_flag(platform: Platform) -> list[str]:
-    """`--device` for this machine, placed first so an explicit `--device` wins."""
-    return [DEVICE_FLAG, "cuda:0" if platform.cuda_available() else "cpu"]
+def did_you_mean(token: str, known: Sequence[str]) -> str | None:
+    """The known flag nearest to a misspelled `token` (`--dit-cpu-ofload`), or None.
+
+    A per-component flag is matched by its prefix and keeps its component
+    (`--component-cpu-ofload.vae` -> `--component-cpu-offload.vae`).
+    """
+    key = token.split("=", 1)[0]
+    prefix, dot, component = key.partition(".")
+    candidates = [flag for flag in known if ("." in flag) == bool(dot)]
+    match = difflib.get_close_matches(prefix + dot, candidates, n=1, cutoff=0.75)
+    if not match:
+        return None
+    return match[0] + component if dot else match[0]
 
 
 class _Parser(argparse.ArgumentParser):
-    """A parser whose usage errors are one `error:` line like every other refusal."""
+    """A parser whose usage errors are one `error:` line like every other refusal, and that
+    names the nearest flag for a misspelled one."""
 
     def error(self, message: str) -> NoReturn:
+        _, sep, tail = message.partition("unrecognized arguments: ")
+        if sep:
+            known = [*known_flags(), *self._option_string_actions]
+            hints = [
+                f"{token}: did you mean {near}?"
+                for token in tail.split()
+                if token.startswith("--") and (near := did_you_mean(token, known)) is not None
+            ]
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
         raise ArgumentError(f"{message}; see python -m reference load --help")
 
 
@@ -160,9 +188,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             f"loading options:\n{flags}\n\nA component whose model_index.json entry names the"
             ' diffusers library\n(e.g. ["diffusers", "WanTransformer3DModel"]) is built from'
-            " diffusers' own class\n(pip install 'diffusion-loader-conformance[diffusers]');"
+            f" diffusers' own class\n({install_hint('diffusers')});"
             " other classes need --models.\nSchedulers, tokenizers and text encoders are listed"
-            " as not loaded."
+            " as not loaded; the pipeline's own settings in model_index.json are listed too."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
@@ -215,7 +243,7 @@ def load_command(
             headings on stdout).
     """
     try:
-        args, rest = parse_args([*default_device_flag(platform), *argv])
+        args, rest = parse_args(argv)
         options = _parser().parse_args(rest)
         import_models(options.models)
         pipeline = read_pipeline(options.pipeline)
@@ -235,6 +263,10 @@ def load_command(
             print("\nnot loaded:")
             for name, why in skipped:
                 print(f"{name:<14} {why}")
+        if pipeline.settings:
+            print("\npipeline settings (model_index.json):")
+            for key, value in pipeline.settings.items():
+                print(f"{key:<14} {json.dumps(value)}")
         sys.stdout.flush()
     except BrokenPipeError:  # the reader (`| head`) left: the load itself succeeded
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

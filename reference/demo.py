@@ -1,23 +1,28 @@
 """`python -m reference demo`: write a small pipeline, load it in each mode, print the tables.
 
 The pipeline (a ~100 MiB DiT in two shards and a video VAE) goes into a temporary folder that is
-removed afterwards; with the [diffusers] extra a tiny real diffusers pipeline (Wan, Hub layout)
-is loaded last. Each mode is the `load` command with its flags, so the demo shows the real
-command line. Without CUDA the runtime device is the CPU: direct VAE streaming then runs through
-the library call with a CPU target (the flag itself needs CUDA, and the demo shows that refusal).
+removed afterwards (the demo says so), or into `--keep DIR`, which stays so that the printed
+commands can be run again; with the [diffusers] extra a tiny real diffusers pipeline (Wan,
+written by `WanPipeline.save_pretrained`) is loaded last. Each mode is the `load` command with its
+flags, so the demo shows the real command line. Without CUDA the runtime device is the CPU:
+direct VAE streaming then runs through the library call with a CPU target (the flag itself needs
+CUDA, and the demo shows that refusal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from reference.args import ServerArgs
 from reference.cli import HEADER, MIB, Row, load_command
+from reference.extras import install_hint
 from reference.load import load_pipeline
 from reference.loaders import LoadedComponent
 from reference.memory import PeakSampler
@@ -62,15 +67,34 @@ def warm_up(folder: Path, device: torch.device) -> None:
     print(f"warm-up load excluded from the tables ({sampler.anon_growth / MIB:.0f} MiB anon)")
 
 
-def demo(*, platform: Platform = SYSTEM) -> int:
-    """Run the demo; returns 0 when every mode behaved as documented."""
+@contextlib.contextmanager
+def demo_folder(keep: Path | None) -> Iterator[Path]:
+    """`keep` (created; left in place), else a temporary folder removed at the end, saying so."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        print(f"\nthe demo's folders stay in {keep} (--keep): the commands above run on them")
+        return
+    with tempfile.TemporaryDirectory(prefix="reference-demo-") as tmp:
+        yield Path(tmp)
+    print(f"\nremoved {tmp} and the pipelines in it; run with --keep DIR to keep them")
+
+
+def demo(*, platform: Platform = SYSTEM, keep: Path | None = None) -> int:
+    """Run the demo; returns 0 when every mode behaved as documented.
+
+    Args:
+        platform: CUDA facts.
+        keep: write the pipelines into this folder and leave them there (else a temporary
+            folder, removed at the end).
+    """
     from fakes.pipelines import demo_pipeline, write_pipeline
 
-    with tempfile.TemporaryDirectory(prefix="reference-demo-") as tmp:
-        root = write_pipeline(Path(tmp) / "pipeline", demo_pipeline())
+    with demo_folder(keep) as folder:
+        root = write_pipeline(folder / "pipeline", demo_pipeline())
         cuda = platform.cuda_available()
         print(f"demo pipeline written to {root} (runtime device: {'cuda:0' if cuda else 'cpu'})")
-        warm_up(Path(tmp) / "warm-up", torch.device("cuda", 0) if cuda else torch.device("cpu"))
+        warm_up(folder / "warm-up", torch.device("cuda", 0) if cuda else torch.device("cpu"))
         failures = 0
         for title, flags in MODES:
             print(f"\n## {title}")
@@ -84,21 +108,34 @@ def demo(*, platform: Platform = SYSTEM) -> int:
                 stream_vae_on_cpu(root)
             elif (code != 0) != (refused_on_purpose or needs_cuda):
                 failures += 1
-        failures += diffusers_pipeline(Path(tmp) / "wan", platform=platform)
-        return 1 if failures else 0
+        failures += diffusers_pipeline(folder / "wan", platform=platform)
+    return 1 if failures else 0
+
+
+def quiet_hub_libraries() -> None:
+    """diffusers and transformers print progress bars and warnings while they save."""
+    import importlib
+
+    for name in ("diffusers", "transformers"):
+        logging = importlib.import_module(name).utils.logging
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
 
 
 def diffusers_pipeline(root: Path, *, platform: Platform) -> int:
-    """A real diffusers pipeline (Hub layout, written by `save_pretrained`) loaded with the DiT
+    """A real diffusers pipeline (written by `WanPipeline.save_pretrained`) loaded with the DiT
     CPU-offloaded; skipped, saying so, without the [diffusers] extra. Returns the failures."""
     import importlib.util
 
-    print("\n## a real diffusers pipeline (Wan, Hub layout): DiT CPU offload")
-    if importlib.util.find_spec("diffusers") is None:
-        print("skipped: needs pip install 'diffusion-loader-conformance[diffusers]'")
+    print("\n## a real diffusers pipeline (WanPipeline.save_pretrained): DiT CPU offload")
+    libraries = ("diffusers", "transformers")
+    missing = [name for name in libraries if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"skipped: {' and '.join(missing)} not installed; {install_hint('diffusers')}")
         return 0
     from fakes.diffusers_pipelines import WAN_PIPELINE, write_hub_pipeline
 
+    quiet_hub_libraries()
     write_hub_pipeline(root, WAN_PIPELINE, sharded=True)
     argv = [str(root), "--dit-cpu-offload"]
     print(f"$ python -m reference load {shlex.join(argv)}")

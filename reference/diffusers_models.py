@@ -31,12 +31,12 @@ from torch import nn
 
 from reference.adopt import LinearKinds
 from reference.errors import CheckpointError
+from reference.extras import install_hint
 from reference.pipeline import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
 
 LIBRARY = "diffusers"
 VAE_PACKAGE = "diffusers.models.autoencoders"
 DIT_PACKAGE = "diffusers.models.transformers"
-INSTALL_HINT = "pip install 'diffusion-loader-conformance[diffusers]'"
 
 
 def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
@@ -54,7 +54,7 @@ def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
             str(component.folder.parent / MODEL_INDEX),
             component.name,
             f"names the {LIBRARY} library ({LIBRARY}.{component.class_name}), and {LIBRARY} cannot"
-            f" be imported ({exc}); install the extra: {INSTALL_HINT}",
+            f" be imported ({exc}); install it: {install_hint(LIBRARY)}",
         ) from None
 
 

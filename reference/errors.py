@@ -57,3 +57,19 @@ class QuantizationLoadError(LoadError, RuntimeError):
 
 class DeviceMemoryError(LoadError, RuntimeError):
     """Direct loading would not fit in the device's free memory (DG-6)."""
+
+
+class ComponentLoadError(LoadError, RuntimeError):
+    """Something that is not a refusal failed inside one component's load: torch (a device
+    that cannot be used, an allocation), the OS, or the model class's own code.
+
+    Attributes:
+        component: the component being loaded.
+        cause: the original exception (also `__cause__`).
+    """
+
+    def __init__(self, component: str, cause: BaseException) -> None:
+        text = " ".join(str(cause).split()) or "(no message)"
+        super().__init__(f"component {component!r}: {type(cause).__name__} while loading: {text}")
+        self.component = component
+        self.cause = cause

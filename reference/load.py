@@ -57,6 +57,7 @@ def iter_load(
     Raises:
         ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError: refused requests.
     """
+    args = args.on_platform(platform)
     pipeline = read_pipeline(Path(root))
     admit(pipeline, args, platform=platform)
     names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
@@ -101,7 +102,8 @@ def load_pipeline(
 
     Args:
         root: the pipeline directory (model_index.json and one folder per component).
-        args: the loading options.
+        args: the loading options; without a runtime device, cuda:0 when `platform` reports
+            CUDA, else the CPU.
         components: which components to load (default: every declared component that a loader
             covers; others, such as schedulers and tokenizers, are not weights and are skipped).
         registry: where model classes are resolved.
@@ -113,7 +115,8 @@ def load_pipeline(
     Raises:
         ComponentCheckpointUnsupportedError, ArgumentError: a refused request, before any
             weight is read.
-        LoadError: any failure while loading, naming the component.
+        LoadError: any failure while loading, naming the component (`ComponentLoadError` for
+            one that torch, the OS or the model class raised).
     """
     return tuple(iter_load(root, args, components=components, registry=registry, platform=platform))
 

@@ -6,9 +6,10 @@
      `admit_model`: the model class resolves and can take what is asked of it (a quantization),
      still before any file is opened;
   2. the hooks `fsdp_enabled` and `quantization_for`, then the plan;
-  3. `load_component`, the subclass's work; a plain ValueError from it may go to
-     `load_fallback` (a subclass's generic path), but only when no direct load was asked for,
-     and never the no-fallback error, which always propagates.
+  3. `load_component`, the subclass's work. There is no fallback path: a refusal (any
+     `LoadError`, the no-fallback error among them) propagates as raised, and anything else that
+     fails inside the load (torch, the OS, the model class) is wrapped in `ComponentLoadError`
+     naming the component and the cause.
 
 A loader class declares its direct-GPU support once (`direct_support`); the loader gate and
 `DIRECT_SUPPORT` (for callers that only know a loader's kind) read that one declaration.
@@ -30,7 +31,7 @@ from reference.args import ServerArgs
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import (
     CheckpointError,
-    ComponentCheckpointUnsupportedError,
+    ComponentLoadError,
     LoadError,
     StateMismatchError,
 )
@@ -125,11 +126,16 @@ class ComponentLoader(ABC):
     def load(self, component: ComponentSpec, args: ServerArgs) -> LoadedComponent:
         """Load one component: admit, decide, then load (see the module docstring).
 
+        `args` are settled on this loader's platform first (`ServerArgs.on_platform`): without a
+        runtime device the load runs on cuda:0 when the platform reports CUDA, else on the CPU.
+
         Raises:
             ComponentCheckpointUnsupportedError: a request this loader cannot honour; raised
                 before anything else happens and never caught by a fallback (ADM-3, ADM-5).
             LoadError: from the subclass's loading, naming what is at fault.
+            ComponentLoadError: anything else that failed inside the load, naming the component.
         """
+        args = args.on_platform(self.platform)
         direct = check_loader(
             self.direct_support,
             component.name,
@@ -151,12 +157,10 @@ class ComponentLoader(ABC):
         start = time.perf_counter()
         try:
             module, records = self.load_component(request)
-        except ComponentCheckpointUnsupportedError:
-            raise  # an explicit request is honoured exactly or refused, never downgraded
-        except ValueError as exc:
-            if request.direct:
-                raise
-            module, records = self.load_fallback(request, exc)
+        except LoadError:
+            raise  # a refusal, as raised: an explicit request is honoured exactly or refused
+        except Exception as exc:
+            raise ComponentLoadError(component.name, exc) from exc
         report = LoadReport(
             component=component.name,
             plan=request.plan,
@@ -199,10 +203,10 @@ class ComponentLoader(ABC):
         """The component's plan (PLAN-2, DEV-1/2); direct mode loads on the runtime device."""
         offload = args.is_cpu_offloaded(component.name)
         device = resolve_checkpoint_load_device(
-            args.runtime_device, component_cpu_offload=offload, quantization=quantization
+            args.device, component_cpu_offload=offload, quantization=quantization
         )
         return WeightLoadPlan.for_component(
-            checkpoint_load_device=args.runtime_device if direct else device,
+            checkpoint_load_device=args.device if direct else device,
             needs_device_weight_postprocess=requires_device_weight_processing(quantization),
             component_cpu_offload=offload,
             load_full_state_dict_on_device=direct,
@@ -211,16 +215,6 @@ class ComponentLoader(ABC):
     @abstractmethod
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         """Load the component as `request` says. Returns the module and one record per tensor."""
-
-    def load_fallback(
-        self, request: LoadRequest, error: ValueError
-    ) -> tuple[nn.Module, list[TensorRecord]]:
-        """A generic path for checkpoints `load_component` refused with a plain ValueError.
-
-        Never called for a direct request or for the no-fallback error. The base has none and
-        re-raises the original error.
-        """
-        raise error
 
 
 def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
@@ -243,27 +237,33 @@ def load_state_ordinarily(
 ) -> list[TensorRecord]:
     """The ordinary path: read each tensor onto `device` and copy it into the module's state.
 
+    Names and shapes are checked against the headers before any tensor data is read, so a
+    failure of torch's own copy afterwards is not a mismatch (the caller wraps it).
+
     Raises:
         CheckpointError: for unreadable weights.
-        StateMismatchError: listing missing and unexpected names.
+        StateMismatchError: listing missing and unexpected names, or each wrong shape.
     """
     checkpoint = open_checkpoint(component.folder)
-    expected = set(module.state_dict())
-    missing = sorted(expected - set(checkpoint.tensors))
-    unexpected = sorted(set(checkpoint.tensors) - expected)
-    if missing or unexpected:
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(checkpoint.tensors))
+    unexpected = sorted(set(checkpoint.tensors) - set(expected))
+    wrong = [
+        f"{name} is {list(info.shape)} in {info.file.name}, the module expects"
+        f" {list(expected[name].shape)}"
+        for name, info in sorted(checkpoint.tensors.items())
+        if name in expected and info.shape != tuple(expected[name].shape)
+    ]
+    if missing or unexpected or wrong:
         raise StateMismatchError(
             f"component {component.name!r}: checkpoint in {component.folder} does not match"
             f" {type(module).__name__}; missing: {missing or 'none'}; unexpected:"
-            f" {unexpected or 'none'}"
+            f" {unexpected or 'none'}; wrong shapes: {'; '.join(wrong) or 'none'}"
         )
     reader = TensorReader(checkpoint)
     try:
         state = {name: reader.read(name, device=device) for name in reader}
         module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:  # torch reports shape mismatches as RuntimeError
-        one_line = " ".join(str(exc).split())
-        raise StateMismatchError(f"component {component.name!r}: {one_line}") from exc
     finally:
         reader.close()
     return [TensorRecord(name, "copied", t.numel() * t.element_size()) for name, t in state.items()]
@@ -284,7 +284,7 @@ def load_ordinarily(
     spec = request.component
     module = build() if build is not None else build_module(registry, spec)
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
-    target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.runtime_device
+    target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
     return module.to(target).eval(), records
 
 

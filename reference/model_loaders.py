@@ -208,7 +208,7 @@ class VAELoader(ComponentLoader):
         module, report = load_vae(
             build,
             spec.folder,
-            device=request.args.runtime_device,
+            device=request.args.device,
             component=spec.name,
             config=spec.config,
             quantization=request.quantization,

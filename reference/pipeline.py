@@ -1,9 +1,10 @@
 """A pipeline directory: `model_index.json` -> its components -> their model classes.
 
-Layout (the Diffusers convention):
+Layout (the Diffusers convention, as a diffusers pipeline's own `save_pretrained` writes it):
 
     PIPELINE_DIR/
-      model_index.json        {"_class_name": ..., "<component>": ["<library>", "<ClassName>"], ...}
+      model_index.json        {"_class_name": ..., "<component>": ["<library>", "<ClassName>"],
+                               "<absent component>": [null, null], "<setting>": <any JSON>, ...}
       <component>/config.json the model's constructor arguments (keys starting with "_" are
                               metadata; "quantization_config" declares a quantized checkpoint)
       <component>/*.safetensors  the weights, one file or shards with an index
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -81,11 +82,16 @@ class Pipeline:
         root: the pipeline directory.
         class_name: `_class_name` of model_index.json, or None.
         components: declared components by name, in model_index.json order.
+        settings: the pipeline's own settings, by key, in model_index.json order: every entry
+            that is neither metadata (a key starting with "_") nor a component (Wan's
+            `boundary_ratio`, HunyuanDiT's `requires_safety_checker`, ...). Kept, never
+            interpreted: they configure the pipeline's sampling, not its weights.
     """
 
     root: Path
     class_name: str | None
     components: Mapping[str, ComponentSpec]
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -124,6 +130,43 @@ def _read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
+def _read_index(root: Path) -> dict[str, Any]:
+    """model_index.json of the folder `root`, telling a missing folder from a missing index."""
+    if not root.exists():
+        raise CheckpointError(
+            str(root), None, "does not exist; give the pipeline folder that holds model_index.json"
+        )
+    if not root.is_dir():
+        raise CheckpointError(
+            str(root),
+            None,
+            "is not a folder; give the pipeline folder that holds model_index.json",
+        )
+    index_path = root / MODEL_INDEX
+    if not index_path.exists():
+        raise CheckpointError(
+            str(root),
+            None,
+            f"holds no {MODEL_INDEX}, so it is not a pipeline folder; give the folder a diffusers"
+            " pipeline's save_pretrained wrote",
+        )
+    return _read_json(index_path)
+
+
+def is_component_entry(entry: object) -> bool:
+    """Whether a model_index.json value declares a component rather than a pipeline setting.
+
+    diffusers writes a component as a two-element list `[library, class]`, and an absent one
+    as `[null, null]`; a setting can be any JSON value, a list of two numbers included. So an
+    entry is a component exactly when it is a two-element list holding a string or two nulls.
+    """
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and (any(isinstance(e, str) for e in entry) or entry == [None, None])
+    )
+
+
 def _quantization(path: Path, config: Mapping[str, Any]) -> QuantizationSpec | None:
     raw = config.get(QUANTIZATION_CONFIG)
     if raw is None:
@@ -156,25 +199,29 @@ def _component(root: Path, name: str, entry: list[Any]) -> ComponentSpec:
 def read_pipeline(root: str | Path) -> Pipeline:
     """Parse a pipeline directory's model_index.json and its components' config.json files.
 
-    Entries of model_index.json whose key starts with "_" are metadata; entries `[null, null]`
-    mark an absent component and are skipped. Weights are not opened.
+    An entry of model_index.json whose key starts with "_" is metadata; one that is a
+    component entry (`is_component_entry`) declares a component, or marks it absent with
+    `[null, null]` (skipped); any other is a pipeline setting, kept on `Pipeline.settings`.
+    Weights are not opened.
 
     Raises:
-        CheckpointError: naming the file (and key) at fault, for a missing or malformed
-            model_index.json or config.json, or an entry that is not `[library, ClassName]`.
+        CheckpointError: naming the folder or file (and key) at fault: a folder that does not
+            exist or holds no model_index.json, a malformed model_index.json or config.json, or
+            a component entry that is not `["<library>", "<ClassName>"]`.
     """
     root = Path(root)
-    index_path = root / MODEL_INDEX
-    index = _read_json(index_path)
+    index = _read_index(root)
     components: dict[str, ComponentSpec] = {}
+    settings: dict[str, Any] = {}
     for name, entry in index.items():
         if name.startswith("_") or entry == [None, None]:
             continue
-        if not (
-            isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)
-        ):
+        if not is_component_entry(entry):
+            settings[name] = entry
+            continue
+        if not all(isinstance(e, str) and e for e in entry):
             raise CheckpointError(
-                str(index_path),
+                str(root / MODEL_INDEX),
                 name,
                 f'must be ["<library>", "<ClassName>"] (or [null, null]), got {entry!r}',
             )
@@ -184,6 +231,7 @@ def read_pipeline(root: str | Path) -> Pipeline:
         root=root,
         class_name=class_name if isinstance(class_name, str) else None,
         components=MappingProxyType(components),
+        settings=MappingProxyType(settings),
     )
 
 

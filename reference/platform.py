@@ -50,6 +50,12 @@ class SystemPlatform:
 SYSTEM = SystemPlatform()
 
 
+def default_runtime_device(platform: Platform) -> torch.device:
+    """Where components compute when no device is given: cuda:0 when `platform` reports CUDA,
+    else the CPU (the same choice on the command line and through the library)."""
+    return torch.device("cuda", 0) if platform.cuda_available() else torch.device("cpu")
+
+
 def describe(platform: Platform = SYSTEM) -> str:
     """One line naming torch, its CUDA build and the visible devices (for reports and errors)."""
     cuda_build = torch.version.cuda or "none (CPU-only build)"

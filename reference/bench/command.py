@@ -38,6 +38,7 @@ from typing import Any
 from reference.bench.paths import DIFFUSERS_FOLDER, PATHS, PathSpec, library_missing
 from reference.bench.ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
+from reference.extras import install_hint
 from reference.platform import SYSTEM, Platform, describe
 
 MIB = 1024 * 1024
@@ -258,8 +259,7 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
         return 2
     if args.plot and not plot_available():
         print(
-            "bench: --plot needs matplotlib; install it with"
-            " `pip install 'diffusion-loader-conformance[plot]'` or `pip install matplotlib`",
+            f"bench: --plot needs matplotlib; install it: {install_hint('plot')}",
             file=sys.stderr,
         )
         return 2

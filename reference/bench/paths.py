@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from reference.dit import load_dit
+from reference.extras import install_hint
 from reference.memory import PeakSampler, resident
 from reference.plan import CPU, WeightLoadPlan
 from reference.report import LoadReport
@@ -47,7 +48,7 @@ def library_missing(library: str | None) -> str | None:
     import importlib.util
 
     if importlib.util.find_spec(library) is None:
-        return f"{library} is not installed (pip install 'diffusion-loader-conformance[{library}]')"
+        return f"{library} is not installed ({install_hint(library)})"
     return None
 
 

@@ -7,17 +7,22 @@ This runs pytest over them with the suite's plugin, contract tests only (`-m "no
 and pytest's own configuration files ignored, so the run is the same from any directory.
 Every argument is pytest's: the plugin's options (`--loader`, `--conformance-report`,
 `--expectations`, `--runtime-device`) and any other (`-k`, `-x`, `-n 4` with pytest-xdist). A
-later `-m` replaces the default selection. Nothing is written into the installed package: no
-cache folder, no bytecode.
+later `-m` replaces the default selection. Nothing is written into the installed package (no
+cache folder, no bytecode) nor into the caller's folder: hypothesis keeps its example database
+in a temporary folder removed afterwards; only the files the caller names (a report) appear.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from reference.extras import install_hint
 
 SUITE = "reference.kit.suite"
 PLUGIN = "reference.kit.plugin"
@@ -38,7 +43,8 @@ def suite_folder() -> Path:
         raise SuiteNotInstalledError(
             f"the contract tests ({SUITE}) are not installed with this copy of reference. From a"
             " clone, run them where they live: python -m pytest tests/unit --loader=SPEC; or"
-            " install the package: pip install 'diffusion-loader-conformance[test]'"
+            " install the package from the clone (pip install '.[test]') or from its built wheel"
+            " (pip install 'dist/diffusion_loader_conformance-0.1.0-py3-none-any.whl[test]')"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -60,6 +66,27 @@ def pytest_arguments(folder: Path, argv: Sequence[str]) -> list[str]:
         "not internal",
         *argv,
     ]
+
+
+HYPOTHESIS_STORAGE = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+@contextlib.contextmanager
+def nothing_left_behind() -> Iterator[None]:
+    """While the suite runs: no bytecode beside the installed tests, and hypothesis's example
+    database (by default `.hypothesis/` in the working folder) in a temporary folder."""
+    saved_flag, saved_storage = sys.dont_write_bytecode, os.environ.get(HYPOTHESIS_STORAGE)
+    sys.dont_write_bytecode = True
+    with tempfile.TemporaryDirectory(prefix="conform-hypothesis-") as storage:
+        os.environ[HYPOTHESIS_STORAGE] = storage  # xdist workers inherit it
+        try:
+            yield
+        finally:
+            sys.dont_write_bytecode = saved_flag
+            if saved_storage is None:
+                os.environ.pop(HYPOTHESIS_STORAGE, None)
+            else:
+                os.environ[HYPOTHESIS_STORAGE] = saved_storage
 
 
 def conform_command(argv: Sequence[str]) -> int:
@@ -84,15 +111,10 @@ def conform_command(argv: Sequence[str]) -> int:
         import pytest  # the test extra; imported here so the loader's commands do not need it
     except ImportError:
         print(
-            "error: conform runs pytest, which is not installed: pip install"
-            " 'diffusion-loader-conformance[test]'",
+            f"error: conform runs pytest, which is not installed: {install_hint('test')}",
             file=sys.stderr,
         )
         return 2
 
-    dont_write_bytecode = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True  # pytest then leaves no rewritten bytecode beside the tests
-    try:
+    with nothing_left_behind():
         return int(pytest.main(pytest_arguments(folder, argv)))
-    finally:
-        sys.dont_write_bytecode = dont_write_bytecode

@@ -27,7 +27,7 @@ reader). Zero-copy DiT loading, plans, flags, admission and pipelines are sglang
 diffusers has no functions for; they are not declared.
 
 diffusers and accelerate are imported on first use, so `reference` imports without them; the
-meta-device path needs both (`pip install 'diffusion-loader-conformance[diffusers]' accelerate`).
+meta-device path needs both (the [diffusers] extra brings them: `reference.extras.install_hint`).
 """
 
 from __future__ import annotations

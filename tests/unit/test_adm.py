@@ -599,39 +599,34 @@ def test_no_fallback_error_is_a_value_error() -> None:
 
 
 @pytest.mark.rule("ADM-5")
-@pytest.mark.reference_only("drives the reference's loader template and its fallback hook")
+@pytest.mark.reference_only("drives the reference's loader template")
 @pytest.mark.parametrize("direct", [False, True])
-def test_fallback_path_never_catches_the_no_fallback_error(
+def test_the_loader_template_never_swallows_a_refusal(
     pipeline_dir: Path, mocker: MockerFixture, direct: bool
 ) -> None:
+    """The template has no fallback path: the no-fallback error comes out as raised, direct or
+    not, and a failure that is not a refusal comes out wrapped naming the component, never
+    traded for a module from somewhere else."""
     from reference.args import ServerArgs
+    from reference.errors import ComponentLoadError
     from reference.loaders import VAE_DIRECT_SUPPORT, VocoderLoader
     from reference.pipeline import read_pipeline
 
-    class WithFallback(VocoderLoader):
+    class DirectVAE(VocoderLoader):
         direct_support = VAE_DIRECT_SUPPORT  # so a direct request for the VAE is admitted
 
     spec = read_pipeline(pipeline_dir).component("vae")
-    loader = WithFallback(platform=CUDA)
-    fallback = mocker.patch.object(
-        loader, "load_fallback", return_value=(torch.nn.Linear(1, 1), [])
-    )
+    loader = DirectVAE(platform=CUDA)
     args = ServerArgs(runtime_device=ACCEL, component_direct_gpu_weight_loading={"vae": direct})
     refused = CCUE("component 'vae': the checkpoint cannot be loaded as asked")
     mocker.patch.object(loader, "load_component", side_effect=refused)
     with pytest.raises(CCUE) as info:
         loader.load(spec, args)
     assert info.value is refused
-    assert fallback.call_count == 0
-    # A plain ValueError does reach the fallback, but only when nothing explicit was asked.
-    mocker.patch.object(loader, "load_component", side_effect=ValueError("not native"))
-    if direct:
-        with pytest.raises(ValueError, match="not native"):
-            loader.load(spec, args)
-        assert fallback.call_count == 0
-    else:
-        assert isinstance(loader.load(spec, args).module, torch.nn.Linear)
-        assert fallback.call_count == 1
+    broken = RuntimeError("Found no NVIDIA driver on your system")
+    mocker.patch.object(loader, "load_component", side_effect=broken)
+    with pytest.raises(ComponentLoadError, match=r"component 'vae': RuntimeError while loading"):
+        loader.load(spec, args)
 
 
 # --- DG-6: device-memory preflight ----------------------------------------------------------------

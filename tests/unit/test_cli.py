@@ -139,3 +139,41 @@ def test_demo_keeps_each_refusal_under_its_heading_when_piped() -> None:
     assert lines[heading + 1].startswith("$ python -m reference load ")
     assert "--models fakes.pipelines" in lines[heading + 1]
     assert lines[heading + 2].startswith("error: --direct-gpu-weight-loading")
+    assert lines[-1].startswith("removed ")  # its temporary folder, saying so
+    assert "--keep DIR" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("--dit-cpu-ofload", "--dit-cpu-offload"),
+        ("--quantisation", "--quantization"),
+        ("--component-cpu-ofload.vae", "--component-cpu-offload.vae"),
+        ("--direct-gpu-weight-load", "--direct-gpu-weight-loading"),
+        ("--model", "--models"),
+    ],
+)
+def test_a_misspelled_flag_names_the_nearest_one(pipeline: Path, typed: str, meant: str) -> None:
+    result = run("load", str(pipeline), typed)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{typed}: did you mean {meant}?" in line
+
+
+def test_a_path_that_does_not_exist_is_not_called_a_missing_index(tmp_path: Path) -> None:
+    result = run("load", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "nowhere: does not exist" in result.stderr
+    assert "model_index.json" in result.stderr  # what a pipeline folder holds, as the fix
+    result = run("load", str(tmp_path))
+    assert "holds no model_index.json" in result.stderr
+
+
+def test_demo_says_it_removed_its_folder_or_keeps_it(tmp_path: Path) -> None:
+    result = run("demo", "--keep", str(tmp_path / "kept"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "kept" / "pipeline" / "model_index.json").is_file()
+    assert f"stay in {tmp_path / 'kept'}" in result.stdout
+    command = next(line for line in result.stdout.splitlines() if line.startswith("$ python -m"))
+    assert str(tmp_path / "kept" / "pipeline") in command  # the printed commands still run

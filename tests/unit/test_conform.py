@@ -112,3 +112,23 @@ def test_without_pytest_conform_names_the_extra_to_install(
 def test_conform_help_names_the_loader_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conform", "--help"]) == 0
     assert "--loader" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("installed")
+def test_conform_writes_nothing_into_the_callers_folder_but_the_report(elsewhere: Path) -> None:
+    """hypothesis keeps an example database, by default `.hypothesis/` in the working folder:
+    conform runs it in a temporary folder, so only the report the caller asked for appears."""
+    pytest.importorskip("hypothesis")
+    code = main(
+        [
+            "conform",
+            "--loader=reference.kit.reference_adapter:ReferenceAdapter",
+            f"--conformance-report={elsewhere / 'r.json'}",
+            "-k",
+            "test_valid_checkpoints_read_back_bit_exactly",
+            "-p",
+            "no:xdist",
+        ]
+    )
+    assert code == pytest.ExitCode.OK
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["pytest.ini", "r.json"]

@@ -20,9 +20,10 @@ from torch import nn
 from fakes.diffusers_pipelines import WAN_DIT
 from fakes.file_maps import file_position, tensor_positions
 from fakes.layers import LINEAR_KINDS
+from reference.extras import install_hint
 from reference.kit.adapter import ZERO_COPY, LoaderAdapter
 
-EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
+EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
 

@@ -31,10 +31,11 @@ from fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
+from reference.extras import install_hint
 from reference.kit.adapter import PIPELINES, VAE_STREAM, LoaderAdapter
 from reference.platform import SYSTEM
 
-EXTRA = "needs the diffusers extra: pip install 'diffusion-loader-conformance[diffusers]'"
+EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
 

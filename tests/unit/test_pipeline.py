@@ -21,6 +21,7 @@ from reference.quantization import QuantizationSpec
 pytestmark = pytest.mark.internal
 
 CPU = torch.device("cpu")
+NO_CUDA = FakePlatform(cuda=False)
 
 
 def test_read_pipeline_parses_components_in_order(tmp_path: Path) -> None:
@@ -49,13 +50,23 @@ def test_read_pipeline_parses_components_in_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("index", "config", "words"),
     [
-        (None, None, r"model_index\.json: file not found"),
+        (None, None, r": holds no model_index\.json, so it is not a pipeline folder"),
         ("{not json", None, "not valid JSON"),
         ("[1, 2]", None, "must be a JSON object, got list"),
-        ('{"vae": "AutoencoderKL"}', None, r"\[vae\]: must be \[\"<library>\""),
+        ('{"vae": ["diffusers", 3]}', None, r"\[vae\]: must be \[\"<library>\""),
+        ('{"vae": ["diffusers", null]}', None, r"\[vae\]: must be \[\"<library>\""),
+        ('{"vae": ["", "AutoencoderKL"]}', None, r"\[vae\]: must be \[\"<library>\""),
         ('{"vae": ["fakes", "FakeBlock"]}', '{"quantization_config": {}}', "quant_method"),
     ],
-    ids=["missing", "bad-json", "not-object", "bad-entry", "bad-quantization"],
+    ids=[
+        "missing",
+        "bad-json",
+        "not-object",
+        "bad-entry",
+        "half-entry",
+        "empty-library",
+        "bad-quantization",
+    ],
 )
 def test_read_pipeline_errors_name_file_and_entry(
     tmp_path: Path, index: str | None, config: str | None, words: str
@@ -67,6 +78,41 @@ def test_read_pipeline_errors_name_file_and_entry(
         (tmp_path / "vae" / "config.json").write_text(config)
     with pytest.raises(CheckpointError, match=words):
         read_pipeline(tmp_path)
+
+
+def test_a_path_that_is_no_pipeline_folder_says_what_it_is(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(CheckpointError, match=r"nowhere: does not exist"):
+        read_pipeline(missing)
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"file: is not a folder"):
+        read_pipeline(tmp_path / "file")
+
+
+def test_pipeline_settings_are_kept_and_never_read_as_components(tmp_path: Path) -> None:
+    """diffusers writes a pipeline's own settings beside its components: any JSON value that is
+    not a two-element list holding a string (or two nulls) is a setting, kept in order."""
+    settings = {
+        "boundary_ratio": None,
+        "expand_timesteps": False,
+        "requires_safety_checker": True,
+        "sample_sigmas": [1.0, 0.5],
+        "text_encoder_select_layers": [-1, -2],
+        "mean": [0.48, 0.46, 0.41],
+        "resolution": 1024,
+        "prompt_template": {"template": "{}", "crop_start": 2},
+    }
+    root = write_pipeline(
+        tmp_path,
+        {"vocoder": FULL_PIPELINE["vocoder"]},
+        extra_index={**settings, "transformer_2": [None, None]},
+    )
+    pipeline = read_pipeline(root)
+    assert pipeline.names == ("vocoder",)
+    assert dict(pipeline.settings) == settings
+    assert list(pipeline.settings) == list(settings)
+    with pytest.raises(TypeError):
+        pipeline.settings["resolution"] = 512  # type: ignore[index]
 
 
 def test_transformer_component_names() -> None:
@@ -121,7 +167,7 @@ def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path:
     wrong = FakeComponent(FakeVocoder, {"channels": 2, "upsample": 2})
     root2 = write_pipeline(tmp_path / "wrong", {"vocoder": wrong})
     (root2 / "vocoder" / "config.json").write_text(json.dumps({"channels": 4, "upsample": 2}))
-    with pytest.raises(StateMismatchError, match=r"'vocoder'.*size mismatch"):
+    with pytest.raises(StateMismatchError, match=r"'vocoder'.*wrong shapes: conv\.weight is"):
         VocoderLoader().load(read_pipeline(root2).component("vocoder"), args)
     odd = FakeComponent(FakeBlock, {"width": 4})
     root3 = write_pipeline(tmp_path / "odd", {"vocoder": odd})
@@ -223,6 +269,18 @@ def test_server_args_validate_every_field(options: dict[str, object], words: str
         ServerArgs(**options)  # type: ignore[arg-type]
 
 
+def test_the_runtime_device_defaults_to_what_the_platform_reports() -> None:
+    """Without a runtime device, loads settle it on their platform: cuda:0 with CUDA, else cpu;
+    a device given explicitly is kept."""
+    assert ServerArgs().runtime_device is None
+    assert ServerArgs().on_platform(FakePlatform(cuda=False)).device == CPU
+    assert ServerArgs().on_platform(FakePlatform()).device == torch.device("cuda", 0)
+    explicit = ServerArgs(runtime_device=CPU)
+    assert explicit.on_platform(FakePlatform()) is explicit
+    with pytest.raises(ArgumentError, match="runtime_device is not settled"):
+        _ = ServerArgs().device
+
+
 def test_arguments_gate_defaults_to_the_main_transformer() -> None:
     args = ServerArgs(direct_gpu_weight_loading=True, dit_cpu_offload=True)
     with pytest.raises(ArgumentError, match="'transformer' is offloaded"):
@@ -266,3 +324,37 @@ def test_every_model_is_admitted_before_the_first_component_loads(
     assert skipped["scheduler"].startswith("diffusers.FlowMatchEulerDiscreteScheduler: ")
     assert "no weights" in skipped["tokenizer"]
     assert "(transformers)" in skipped["text_encoder"]
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["resident", "dit-cpu-offload"])
+def test_library_load_without_a_device_runs_where_the_platform_says(
+    tmp_path: Path, offload: bool
+) -> None:
+    """`load_pipeline(folder, ServerArgs())` on a machine without CUDA loads on the CPU, as the
+    command line does; nothing asks torch for a CUDA device."""
+    from fakes.pipelines import SMALL_PIPELINE
+    from reference.load import load_pipeline
+
+    root = write_pipeline(tmp_path, SMALL_PIPELINE)
+    loaded = load_pipeline(root, ServerArgs(dit_cpu_offload=offload), platform=NO_CUDA)
+    assert [c.name for c in loaded] == ["transformer", "vae", "vocoder"]
+    for component in loaded:
+        assert component.report.plan.checkpoint_load_device == CPU
+        assert all(t.device == CPU for t in component.module.state_dict().values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA cannot be used")
+@pytest.mark.parametrize("offload", [False, True], ids=["resident", "dit-cpu-offload"])
+def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload: bool) -> None:
+    """A platform that claims CUDA where torch has none: torch's own error, wrapped naming the
+    component and the cause, never reported as a state mismatch."""
+    from fakes.pipelines import SMALL_PIPELINE
+    from reference.errors import ComponentLoadError
+    from reference.load import load_pipeline
+
+    root = write_pipeline(tmp_path, SMALL_PIPELINE)
+    with pytest.raises(ComponentLoadError, match=r"component '\w+': \w+Error while loading") as e:
+        load_pipeline(root, ServerArgs(dit_cpu_offload=offload), platform=FakePlatform())
+    assert not isinstance(e.value, StateMismatchError)
+    assert e.value.component == ("vae" if offload else "transformer")
+    assert e.value.__cause__ is e.value.cause
