@@ -102,7 +102,10 @@ class CorpusVAE(nn.Module):
         return out
 
 
-for _cls in (CorpusDiT, CorpusVAE):
+MODEL_CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (CorpusDiT, CorpusVAE)}
+"""The corpus pipelines' classes by name, handed to a loader through the seam."""
+
+for _cls in MODEL_CLASSES.values():  # for `python -m reference load DIR --models ...`
     MODELS.register(_cls)
 
 CORPUS_PIPELINE = {

@@ -1,9 +1,9 @@
-"""The loading paths a checkpoint can take, each reached through a `LoaderAdapter`.
+"""The loading paths a checkpoint can take, each reached through a `SeamLoader`.
 
     dit-adopt    load_dit with the plan of a CPU-offloaded, unquantized DiT: it loads on CPU,
                  where eligible tensors are adopted (zero-copy)
-    dit-direct   load_dit in direct mode: straight onto the device (`meta` when the runtime
-                 device is the CPU, as in the CPU tier)
+    dit-direct   load_dit in direct mode: straight onto the runtime device (a GPU tier path:
+                 a direct plan with a CPU load device is a contradiction, PLAN-3)
     vae-stream   load_vae: meta build, header preflight, one tensor at a time into the slots
     transformer, vae
                  a pipeline component through its component loader (load_pipeline_component);
@@ -17,13 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
+from fakes import corpus_models, pipelines
 from fakes.corpus_models import CorpusDiT, CorpusVAE
 from fakes.layers import LINEAR_KINDS
 from fakes.platform import FakePlatform
-from reference.kit.adapter import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, LoaderAdapter
+from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
 
 CHECKPOINT_PATHS = ("dit-adopt", "dit-direct", "vae-stream")
 PIPELINE_COMPONENTS = ("transformer", "vae")
@@ -37,14 +39,27 @@ CAPABILITY = {
 """The adapter capability each path needs."""
 
 
+MODEL_CLASSES = {**pipelines.MODEL_CLASSES, **corpus_models.MODEL_CLASSES}
+"""Every class the fakes' pipelines name, handed to the loader with each component load."""
+CPU = torch.device("cpu")
+DIRECT_NEEDS_A_DEVICE = (
+    "a direct load needs a device other than the CPU (PLAN-3 refuses a direct plan on CPU): the"
+    " gpu tier runs this case"
+)
+
+
 def direct_device(runtime_device: torch.device) -> torch.device:
-    """Where direct mode loads: the runtime device, or `meta` when that is the CPU."""
-    return runtime_device if runtime_device.type != "cpu" else torch.device("meta")
+    """Where direct mode loads: the runtime device. In the CPU tier the test is skipped: a
+    direct plan with a CPU load device is a contradiction (PLAN-3), and `meta` is no device a
+    real reader can load onto."""
+    if runtime_device.type == "cpu":
+        pytest.skip(DIRECT_NEEDS_A_DEVICE)
+    return runtime_device
 
 
 def load_checkpoint(
     path: str,
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     checkpoint: Path,
     *,
     runtime_device: torch.device,
@@ -55,16 +70,9 @@ def load_checkpoint(
         module, _ = loader.load_vae(build or CorpusVAE, checkpoint, device=runtime_device)
         return module
     direct = path == "dit-direct"
-    if direct:
-        device = direct_device(runtime_device)
-    else:
-        device = loader.resolve_checkpoint_load_device(
-            runtime_device, component_cpu_offload=True, quantization=None
-        )
-    plan = loader.plan_for_component(
-        checkpoint_load_device=device,
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=not direct,
+    # The offload plan loads on CPU (DEV-1); the direct plan on the runtime device (DG-4).
+    plan = Plan(
+        checkpoint_load_device=direct_device(runtime_device) if direct else CPU,
         load_full_state_dict_on_device=direct,
     )
     module, _ = loader.load_dit(build or CorpusDiT, checkpoint, plan=plan, kinds=LINEAR_KINDS)
@@ -72,9 +80,11 @@ def load_checkpoint(
 
 
 def load_component(
-    loader: LoaderAdapter, root: Path, component: str, *, runtime_device: torch.device
+    loader: SeamLoader, root: Path, component: str, *, runtime_device: torch.device
 ) -> nn.Module:
     """Load one component of the pipeline at `root` (transformer CPU-offloaded)."""
     args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=True)
     platform = FakePlatform(cuda=runtime_device.type == "cuda")
-    return loader.load_pipeline_component(root, component, args, platform=platform)
+    return loader.load_pipeline_component(
+        root, component, args, platform=platform, models=MODEL_CLASSES
+    )

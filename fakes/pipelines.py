@@ -92,7 +92,13 @@ class PipelineVAE(StandardVAE):
         super().__init__(VAEConfig(in_channels, hidden, latent_channels, frames, groups))
 
 
-for _cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineVAE):
+MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
+    cls.__name__: cls for cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineVAE)
+}
+"""The classes these pipelines name, by class name: what a test hands a loader through the seam
+(`load_pipeline_component(..., models=MODEL_CLASSES)`)."""
+
+for _cls in MODEL_CLASSES.values():  # for `python -m reference load DIR --models fakes.pipelines`
     MODELS.register(_cls)
 
 

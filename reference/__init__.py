@@ -22,8 +22,8 @@ from reference.errors import (
     StateDictABIError,
     StateMismatchError,
 )
-from reference.kit.adapter import LoaderAdapter
 from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.seam import LoaderAdapter
 from reference.load import load_pipeline
 from reference.loaders import ComponentLoader
 from reference.pipeline import MODELS, read_pipeline

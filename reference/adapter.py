@@ -1,6 +1,6 @@
-"""Kept for adopters who import the seam from here: its home is `reference.kit.adapter`."""
+"""Kept for adopters who import the seam from here: its home is `reference.kit.seam`."""
 
-from reference.kit.adapter import (
+from reference.kit.seam import (
     ADMISSION,
     ALL_CAPABILITIES,
     CHECKPOINT_SAFETY,

@@ -65,15 +65,19 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _shape_and_layout(tensor: torch.Tensor, target: torch.Tensor) -> str | None:
+def _shape_and_layout(
+    tensor: torch.Tensor, target: torch.Tensor, *, plain: bool = False
+) -> str | None:
+    """ZC-8 (ZC-2b's conversion and ZC-2c's layout for a parameter without weight_loader)."""
+    fit, layout = ("ZC-2b", "ZC-2c") if plain else ("ZC-8", "ZC-8")
     if tensor.shape != target.shape:
-        return f"ZC-8: shape {tuple(tensor.shape)} != target {tuple(target.shape)}"
+        return f"{fit}: shape {tuple(tensor.shape)} != target {tuple(target.shape)}"
     if tensor.dtype != target.dtype:
-        return f"ZC-8: dtype {tensor.dtype} != target {target.dtype}"
+        return f"{fit}: dtype {tensor.dtype} != target {target.dtype}: converted once"
     if tensor.layout != target.layout:
-        return f"ZC-8: layout {tensor.layout} != target {target.layout}"
+        return f"{layout}: layout {tensor.layout} != target {target.layout}"
     if tensor.stride() != target.stride():
-        return f"ZC-8: strides {tensor.stride()} != target {target.stride()}"
+        return f"{layout}: strides {tensor.stride()} != target {target.stride()}"
     return None
 
 
@@ -85,15 +89,20 @@ def _refusal(
     direct_device: torch.device | None,
 ) -> str | None:
     where = checkpoint_tensor.device
+    loader = param.__dict__.get("weight_loader")
+    if loader is None:
+        # A plain-torch parameter takes its tensor directly in any mode (ZC-2b): converted
+        # once where its device or dtype differs from the target's, else adopted, provided it
+        # is a plain Parameter with no special flag and the layout fits (ZC-2c).
+        if direct_device is not None and not same_device(where, direct_device):
+            return f"ZC-2b: checkpoint tensor is on {where}, not the load device {direct_device}"
+        return _plain_refusal(param, "ZC-2c") or _shape_and_layout(
+            checkpoint_tensor, target, plain=True
+        )
     if direct_device is None and where.type != "cpu":
         return f"ZC-1: checkpoint tensor is on {where}, not cpu"
     if direct_device is not None and not same_device(where, direct_device):
         return f"DG-5: checkpoint tensor is on {where}, not the load device {direct_device}"
-    loader = param.__dict__.get("weight_loader")
-    if loader is None:
-        # A plain-torch parameter: nothing but a copy could happen to it, so it is adopted when
-        # it is a plain Parameter with no special flag and the tensor already fits (ZC-2b).
-        return _plain_refusal(param) or _shape_and_layout(checkpoint_tensor, target)
     if not isinstance(loader, MethodType):
         return f"ZC-2: weight_loader is a {type(loader).__name__}, not a bound method"
     owner = loader.__self__
@@ -117,12 +126,13 @@ def _refusal(
     return _plain_refusal(param) or _shape_and_layout(checkpoint_tensor, target)
 
 
-def _plain_refusal(param: torch.Tensor) -> str | None:
+def _plain_refusal(param: torch.Tensor, rule: str | None = None) -> str | None:
+    """ZC-6, ZC-7 (both ZC-2c's for a parameter without weight_loader, given as `rule`)."""
     if type(param) is not nn.Parameter:
-        return f"ZC-6: parameter type is {type(param).__name__}, not Parameter"
+        return f"{rule or 'ZC-6'}: parameter type is {type(param).__name__}, not Parameter"
     for flag in SPECIAL_FLAGS:
         if param.__dict__.get(flag, False):
-            return f"ZC-7: parameter flag {flag} is set"
+            return f"{rule or 'ZC-7'}: parameter flag {flag} is set"
     return None
 
 
@@ -144,9 +154,10 @@ def zero_copy_verdict(
         direct_device: None for the ordinary rule (the tensor must be on CPU, ZC-1); in direct
             mode the load device, where the tensor must be instead (DG-5).
 
-    A parameter without `weight_loader` (plain torch: `nn.Linear`, norms, embeddings) skips
-    ZC-2..5, which are about the layer that would copy it: it is adopted when ZC-1, ZC-6..8
-    hold (ZC-2b).
+    A parameter without `weight_loader` (plain torch: `nn.Linear`, norms, embeddings) is judged
+    by ZC-2b and ZC-2c alone (ZC-1..8 are about the layer that would copy it): adopted in any
+    mode when it is exactly `nn.Parameter`, carries no special flag, and the tensor has its
+    shape, dtype, layout and strides (and, in direct mode, sits on the load device).
 
     Returns:
         ADOPT, or a copy verdict whose reason starts with the first failing rule ID.

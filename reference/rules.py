@@ -51,9 +51,20 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("DEV-3", M, U, "All four offload x quantized combinations are pinned"),
     # ZC: zero-copy adoption of CPU checkpoint tensors
-    Rule("ZC-1", M, U, "Adoption needs the checkpoint tensor on CPU"),
+    Rule("ZC-1", M, U, "With a weight_loader, adoption needs the checkpoint tensor on CPU"),
     Rule("ZC-2", M, U, "Adoption needs a bound-method weight_loader on the parameter"),
-    Rule("ZC-2b", M, U, "A parameter without weight_loader takes the tensor directly, no copy"),
+    Rule(
+        "ZC-2b",
+        M,
+        U,
+        "Without weight_loader the tensor is taken directly in any mode: adopted or converted",
+    ),
+    Rule(
+        "ZC-2c",
+        M,
+        B,
+        "...adopted only as an exact Parameter, no special flag, same layout and strides",
+    ),
     Rule("ZC-3", M, U, "Adoption needs a standard linear owner using its own weight loader"),
     Rule("ZC-4", M, U, "Adoption needs the owner's quant method to be the unquantized one"),
     Rule("ZC-5", M, U, "Adoption needs tp_size == 1 (read at call time) for parallel owners"),
@@ -83,6 +94,12 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "ZC-14", S, B, "The load report counts adopted vs copied and names each refusal's condition"
     ),
+    Rule(
+        "ZC-15",
+        M,
+        B,
+        "Buffers stay buffers: persistent ones hold the checkpoint, others their constructed value",
+    ),
     # DG: opt-in direct-GPU loading of the DiT
     Rule(
         "DG-1",
@@ -95,7 +112,13 @@ RULES: tuple[Rule, ...] = (
         "DG-3",
         M,
         U,
-        "Direct DiT loading of a quantized checkpoint is refused with the no-fallback error",
+        "Direct DiT loading of a quantized DiT is refused before any tensor data is read",
+    ),
+    Rule(
+        "DG-3b",
+        M,
+        B,
+        "...at admission, with the no-fallback error, naming the component",
     ),
     Rule("DG-4", M, U, "Direct mode loads on the runtime device, skipping the CPU pre-read"),
     Rule(
@@ -175,6 +198,7 @@ RULES: tuple[Rule, ...] = (
         "The ABI check covers every submodule and user hooks; torch's own count as standard",
     ),
     Rule("VAE-4", M, U, "Slots are parameters and persistent buffers only"),
+    Rule("VAE-4b", M, B, "A lazy parameter or buffer is refused by name before any data is read"),
     Rule("VAE-5", M, U, "State-dict keys must equal the slots; the error lists the difference"),
     Rule("VAE-6", M, U, "Tied parameters or buffers are refused, naming them"),
     Rule(
@@ -187,7 +211,12 @@ RULES: tuple[Rule, ...] = (
         B,
         "Non-persistent buffers are real after a direct load, or the load fails naming them",
     ),
-    Rule("VAE-10", M, U, "requires_grad is kept; integer and float8 tensors never require grad"),
+    Rule(
+        "VAE-10",
+        M,
+        U,
+        "requires_grad as the loader's ordinary path gives it; integer and float8 never",
+    ),
     Rule(
         "VAE-11",
         M,
@@ -199,6 +228,12 @@ RULES: tuple[Rule, ...] = (
         M,
         U,
         "Quantized VAE checkpoints and custom-code auto_map are refused in direct mode",
+    ),
+    Rule(
+        "VAE-12b",
+        M,
+        B,
+        "...also when the quantization is declared only in the safetensors __metadata__",
     ),
     Rule("VAE-13", M, U, "The CPU target branch works as well as the CUDA branch"),
     # CKPT: checkpoints and bad input
@@ -214,6 +249,13 @@ RULES: tuple[Rule, ...] = (
         "Corrupt input is a clear error naming file and entry; never a crash or hang",
     ),
     Rule("CKPT-5", M, B, "load() returns a complete component or raises; files are never written"),
+    # OUT: what a load returns
+    Rule(
+        "OUT-1",
+        M,
+        B,
+        "A loaded DiT or VAE is ready for inference on every path: eval mode, nothing on meta",
+    ),
 )
 
 BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}

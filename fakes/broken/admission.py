@@ -248,7 +248,13 @@ class IgnoresUnsupportedRequests(BrokenAdapter):
     breaks = frozenset({"ADM-3", "ADM-5"})
 
     def load_pipeline_component(
-        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+        self,
+        pipeline_dir: Path,
+        component: str,
+        args: ServerArgsLike,
+        *,
+        platform: Platform,
+        models: Mapping[str, type[torch.nn.Module]] | None = None,
     ) -> torch.nn.Module:
         own = own_server_args(args)
         if not self.loader_supports_direct(loader_kind(component), component):
@@ -256,7 +262,9 @@ class IgnoresUnsupportedRequests(BrokenAdapter):
                 k: v for k, v in own.component_direct_gpu_weight_loading.items() if k != component
             }
             own = dataclasses.replace(own, component_direct_gpu_weight_loading=kept)
-        return super().load_pipeline_component(pipeline_dir, component, own, platform=platform)
+        return super().load_pipeline_component(
+            pipeline_dir, component, own, platform=platform, models=models
+        )
 
 
 class StreamsVaesByDefault(BrokenAdapter):
@@ -266,14 +274,22 @@ class StreamsVaesByDefault(BrokenAdapter):
     breaks = frozenset({"ADM-6"})
 
     def load_pipeline_component(
-        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+        self,
+        pipeline_dir: Path,
+        component: str,
+        args: ServerArgsLike,
+        *,
+        platform: Platform,
+        models: Mapping[str, type[torch.nn.Module]] | None = None,
     ) -> torch.nn.Module:
         own = own_server_args(args)
         selection: Mapping[str, bool] = own.component_direct_gpu_weight_loading
         if component in ("vae", "video_vae") and component not in selection:
             selection = {**selection, component: True}
             own = dataclasses.replace(own, component_direct_gpu_weight_loading=selection)
-        return super().load_pipeline_component(pipeline_dir, component, own, platform=platform)
+        return super().load_pipeline_component(
+            pipeline_dir, component, own, platform=platform, models=models
+        )
 
 
 class NoMemoryMargin(BrokenAdapter):

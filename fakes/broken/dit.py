@@ -19,7 +19,7 @@ from reference import adopt, dit
 from reference.adopt import AdoptedBytes, LinearKinds, Slot
 from reference.checkpoint import Checkpoint, TensorReader
 from reference.errors import QuantizationLoadError, StateMismatchError
-from reference.kit.adapter import PlanLike
+from reference.kit.seam import PlanLike
 from reference.postload import offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport

@@ -22,7 +22,7 @@ from fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter, swapp
 from reference import adopt
 from reference.adopt import ADOPT, SPECIAL_FLAGS, LinearKinds, Verdict, same_device
 from reference.adopt import zero_copy_verdict as reference_verdict
-from reference.kit.adapter import PlanLike
+from reference.kit.seam import PlanLike
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 

@@ -28,8 +28,8 @@ from torch import nn
 
 from reference.adopt import LinearKinds, Verdict
 from reference.errors import StateMismatchError
-from reference.kit.adapter import VAE_STREAM, ZERO_COPY, PlanLike
 from reference.kit.reference_adapter import ReferencePlans
+from reference.kit.seam import VAE_STREAM, ZERO_COPY, PlanLike
 from reference.plan import WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec

@@ -8,7 +8,8 @@ Rule status, from the outcomes of the tests that name the rule:
   skipped  all were skipped (the report keeps the first reason);
   untested no test names the rule.
 Rules the adopter expects to fail carry their reason under `expected` (see
-reference.kit.expectations).
+reference.kit.expectations). A failed rule lists every failing test with its one-line reason
+under `failures` (rule first, the case, what was expected and what the loader did).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def rule_statuses(
                 reasons = [t.reason for t in tests if t.outcome == entry["status"] and t.reason]
                 if reasons:
                     entry["reason"] = reasons[0]
+            if entry["status"] == "failed":
+                entry["failures"] = [
+                    {"test": t.nodeid, "reason": t.reason}
+                    for t in sorted(tests, key=lambda t: t.nodeid)
+                    if t.outcome == "failed"
+                ]
         if rule_id in expected:
             entry["expected"] = expected[rule_id]
             if entry["status"] == "passed":

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, VAE_STREAM
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord

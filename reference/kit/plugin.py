@@ -2,10 +2,17 @@
 
 Registered as the `pytest11` entry point `reference.kit.plugin`, so an installed package brings it
 to every pytest run; a clone's `tests/conftest.py` names the same module, which pytest then loads
-once. Options: `--loader=SPEC` (else $LOADER_UNDER_TEST, else the reference; see
-reference.kit.selection), `--expectations=FILE` (see reference.kit.expectations),
-`--runtime-device`, `--conformance-report`. Fixtures: `loader`, `runtime_device`, `conformance`,
-`offload_plan`, `known_rules`.
+once. Options: `--loader=SPEC` (else $LOADER_UNDER_TEST; there is no default: a run that collects
+a contract test without one is a usage error; see reference.kit.selection),
+`--expectations=FILE` (see reference.kit.expectations), `--runtime-device`,
+`--conformance-report`. Fixtures: `loader`, `runtime_device`, `conformance`, `offload_plan`,
+`known_rules`.
+
+The seam is enforced: the `loader` fixture lets a test call only the methods of the capabilities
+it is marked with (reference.kit.seam.METHODS). A call outside them is a defect of the suite, not
+of the loader: the test fails naming it, and no rule is blamed. A failed contract test is
+reported on one line, rules first (`reference.kit.failures`), and the JSON report keeps that
+line for each failing test of a rule.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ import pytest
 import torch
 
 from reference import platform
-from reference.kit.adapter import LoaderAdapter, PlanLike
 from reference.kit.conformance import (
     Outcome,
     TestOutcome,
@@ -34,11 +40,23 @@ from reference.kit.expectations import (
     expected_reason,
     read_expectations,
 )
+from reference.kit.failures import SeamView, SeamViolation, one_line
 from reference.kit.reference_adapter import ReferenceAdapter
-from reference.kit.selection import ENV_VAR, Selection, SelectionError, select_adapter
+from reference.kit.seam import METHODS, LoaderAdapter, Plan, PlanLike, SeamLoader
+from reference.kit.selection import (
+    ENV_VAR,
+    NO_LOADER,
+    REFERENCE,
+    Selection,
+    SelectionError,
+    select_adapter,
+)
 from reference.rules import BY_ID
 
 RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller a test's rules
+REASON_PROPERTY = "conformance_reason"  # ... and a failure's one line
+DEFECT_PROPERTY = "conformance_suite_defect"  # ... and a defect of the suite itself
+NO_LOADER_OUTPUT = "conformance_no_loader"  # a worker's word that it collected tests to judge
 MARKERS = (
     "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
     "internal: a test of the suite's own machinery; names no contract rule",
@@ -68,8 +86,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--loader",
         metavar="SPEC",
         default=None,
-        help=f"the loader under test: package.module:attr or an entry point name; else ${ENV_VAR};"
-        " else the reference adapter",
+        help=f"the loader under test: package.module:attr or an entry point name ({REFERENCE}:"
+        f" the reference loader); else ${ENV_VAR}; required to run contract tests",
     )
     group.addoption(
         "--expectations",
@@ -83,27 +101,45 @@ class Conformance:
     """Holds the loader under test and turns test reports into per-rule outcomes."""
 
     def __init__(
-        self, config: pytest.Config, selection: Selection, expectations: Expectations | None
+        self,
+        config: pytest.Config,
+        selection: Selection | None,
+        expectations: Expectations | None,
     ) -> None:
         self.config = config
-        self.adapter = selection.adapter
-        self.source = selection.source
+        self.selection = selection
+        self.source = selection.source if selection else "none chosen"
         self.expectations = expectations
         self.device = str(config.getoption("--runtime-device"))
         self.expected = expectations.for_device(self.device) if expectations else {}
-        # A run that judges a loader must judge something: zero contract tests is an error.
-        self.judging = (
-            selection.explicit
-            or expectations is not None
-            or bool(config.getoption("--conformance-report"))
-        )
         self.rules: dict[str, tuple[str, ...]] = {}
+        self.capabilities: dict[str, frozenset[str]] = {}
         self.outcomes: dict[str, TestOutcome] = {}
         self.problems: list[str] = []
         self.aborted = False  # no report for a run refused before any test ran
+        self.workers_without_loader = False
         # Under pytest-xdist, workers collect and run; the controller only sees their reports,
         # which carry each test's rules (see pytest_runtest_makereport).
         self.worker = hasattr(config, "workerinput")
+
+    @property
+    def adapter(self) -> LoaderAdapter:
+        """The loader under test.
+
+        Raises:
+            pytest.UsageError: none was chosen (NO_LOADER).
+        """
+        if self.selection is None:
+            raise pytest.UsageError(NO_LOADER)
+        return self.selection.adapter
+
+    @property
+    def name(self) -> str:
+        return self.selection.adapter.name if self.selection else "(none)"
+
+    @property
+    def declared(self) -> frozenset[str]:
+        return self.selection.adapter.capabilities if self.selection else frozenset()
 
     def pytest_report_header(self) -> list[str]:
         if self.expectations is None:
@@ -115,8 +151,8 @@ class Conformance:
                 f"expected to fail on {self.device}: {here}"
             )
         return [
-            f"loader under test: {self.adapter.name}, {self.source}",
-            f"capabilities: {', '.join(sorted(self.adapter.capabilities)) or 'none'}",
+            f"loader under test: {self.name}, {self.source}",
+            f"capabilities: {', '.join(sorted(self.declared)) or 'none'}",
             f"expectations: {expectations}",
             f"runtime device: {self.device}; {platform.describe()}",
         ]
@@ -129,24 +165,44 @@ class Conformance:
     @property
     def judges_reference(self) -> bool:
         """Whether the loader under test is the reference itself (not a subclass or wrapper)."""
-        return type(self.adapter) is ReferenceAdapter
+        return self.selection is not None and type(self.selection.adapter) is ReferenceAdapter
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    @pytest.hookimpl(trylast=True)  # after -k / -m / --deselect chose the items
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         for item in items:
             rules = tuple(i for m in item.iter_markers("rule") for i in m.args)
             if item.get_closest_marker("reference_only") and not self.judges_reference:
                 rules = ()  # it cannot judge this loader: it credits and blames nothing
             self.rules[item.nodeid] = rules
+            self.capabilities[item.nodeid] = frozenset(
+                c for m in item.iter_markers("capability") for c in m.args
+            )
+        contract = [item for item in items if self.rules.get(item.nodeid)]
+        if self.selection is None and contract:
+            if not self.worker:
+                self.aborted = True
+                raise pytest.UsageError(NO_LOADER)
+            # A worker cannot stop the run: it runs nothing and tells the controller why.
+            config.hook.pytest_deselected(items=list(items))
+            items.clear()
+            config.workeroutput[NO_LOADER_OUTPUT] = True  # type: ignore[attr-defined]
+
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without xdist
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        if getattr(node, "workeroutput", {}).get(NO_LOADER_OUTPUT):
+            self.workers_without_loader = True
 
     def nothing_to_judge(self, selected: int) -> str:
         return (
             f"no contract test was collected ({selected} test(s) selected, none names a rule),"
-            f" so {self.adapter.name!r} cannot be judged. Point pytest at the suite (tests/unit,"
+            f" so {self.name!r} cannot be judged. Point pytest at the suite (tests/unit,"
             " tests/gpu) and check -k / -m / --deselect."
         )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if not self.judging or session.testsfailed or self.worker:
+        if self.selection is None or session.testsfailed or self.worker:
             return  # collection errors are reported by pytest itself; xdist: the controller
         if not any(self.rules.get(item.nodeid) for item in session.items):
             self.aborted = True
@@ -159,10 +215,14 @@ class Conformance:
             pytest.skip(f"judges the reference alone: {why}")
         for marker in item.iter_markers("capability"):
             for capability in marker.args:
-                if capability not in self.adapter.capabilities:
-                    pytest.skip(
-                        f"loader {self.adapter.name!r} does not declare capability {capability!r}"
-                    )
+                if capability not in self.declared:
+                    pytest.skip(f"loader {self.name!r} does not declare capability {capability!r}")
+
+    def view_for(self, nodeid: str) -> SeamLoader:
+        """The loader as the test `nodeid` may reach it: its capabilities' methods only."""
+        marked = self.capabilities.get(nodeid, frozenset())
+        allowed = frozenset().union(*(METHODS[c] for c in marked if c in METHODS))
+        return cast(SeamLoader, SeamView(self.adapter, allowed=allowed, marked=marked))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -170,23 +230,45 @@ class Conformance:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         rules = self.rules.get(item.nodeid, ())
+        defect = call.excinfo is not None and call.excinfo.errisinstance(SeamViolation)
+        if defect:
+            assert call.excinfo is not None
+            rules = ()  # the suite's defect blames no rule of the loader
+            report.user_properties.append((DEFECT_PROPERTY, str(call.excinfo.value)))
+        reason = ""
+        if report.failed and call.excinfo is not None and not defect:
+            reason = one_line(item, rules, call.excinfo)
+            if rules and self.config.getoption("tbstyle") == "auto":
+                report.longrepr = reason  # one line, rule first; --tb=long shows pytest's own
         if self.worker:
             report.user_properties.append((RULES_PROPERTY, rules))
-        reason = expected_reason(rules, self.expected)
-        if report.failed and reason is not None:
+            report.user_properties.append((REASON_PROPERTY, reason))
+        elif defect:
+            self.rules[item.nodeid] = ()
+        expected = expected_reason(rules, self.expected)
+        if report.failed and expected is not None:
             # What pytest's own xfail does: the failure stays in longrepr, the outcome changes.
             report.outcome = "skipped"
-            report.wasxfail = f"expected: {reason}"
+            report.wasxfail = f"expected: {expected}"
+        elif reason:
+            report.conformance_reason = reason  # type: ignore[attr-defined]
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         previous = self.outcomes.get(report.nodeid)
         if previous is not None and previous.outcome == "failed":
             return
+        properties = dict(report.user_properties)
+        defect = properties.get(DEFECT_PROPERTY)
+        if defect is not None and report.failed:
+            self.problems.append(f"SUITE DEFECT: {report.nodeid}: {defect}")
         outcome: Outcome
         reason = ""
         if report.failed:
-            outcome, reason = "failed", f"{report.when} failed"
+            outcome = "failed"
+            reason = str(
+                properties.get(REASON_PROPERTY) or getattr(report, "conformance_reason", "")
+            ) or (f"{report.when} failed")
         elif report.skipped and hasattr(report, "wasxfail"):
             outcome, reason = "xfailed", str(report.wasxfail)
         elif report.skipped:
@@ -199,15 +281,17 @@ class Conformance:
             return
         rules = self.rules.get(report.nodeid, ())
         if self.controller:
-            carried = dict(report.user_properties).get(RULES_PROPERTY, ())
+            carried = properties.get(RULES_PROPERTY, ())
             rules = tuple(str(rule) for rule in cast("Iterable[object]", carried))
+        if defect is not None:
+            rules = ()
         self.outcomes[report.nodeid] = TestOutcome(report.nodeid, rules, outcome, reason)
 
     def report(self) -> dict[str, Any]:
         return build_report(
-            loader_name=self.adapter.name,
+            loader_name=self.name,
             loader_source=self.source,
-            capabilities=self.adapter.capabilities,
+            capabilities=self.declared,
             device=self.device,
             outcomes=self.outcomes.values(),
             expected=self.expected,
@@ -217,7 +301,15 @@ class Conformance:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.aborted or self.worker:
             return
-        if self.controller and self.judging and not any(o.rules for o in self.outcomes.values()):
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            return  # a Ctrl-C: pytest's own summary says what ran; no diagnosis to add
+        if self.controller and self.workers_without_loader:
+            self.aborted = True  # what pytest_collection_modifyitems does without xdist
+            session.config.get_terminal_writer().line(f"ERROR: {NO_LOADER}", red=True)
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+            return
+        judging = self.selection is not None
+        if self.controller and judging and not any(o.rules for o in self.outcomes.values()):
             self.aborted = True  # what pytest_collection_finish does without xdist
             session.config.get_terminal_writer().line(
                 f"ERROR: {self.nothing_to_judge(len(self.outcomes))}", red=True
@@ -231,19 +323,19 @@ class Conformance:
                 f" fixed, remove them from {self.expectations.source}"
             )
         contract = [o for o in self.outcomes.values() if o.rules]
-        if self.judging and contract and all(o.outcome == "skipped" for o in contract):
+        if judging and contract and all(o.outcome == "skipped" for o in contract):
             self.problems.append(
                 f"FAILED: no contract test ran: every one was skipped or deselected, so "
-                f"{self.adapter.name!r} was not judged (capabilities: "
-                f"{', '.join(sorted(self.adapter.capabilities))})"
+                f"{self.name!r} was not judged (capabilities: "
+                f"{', '.join(sorted(self.declared))})"
             )
         if self.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.aborted or self.worker:
+        if self.aborted or self.worker or self.selection is None:
             return
-        if not self.judging and not any(o.rules for o in self.outcomes.values()):
+        if not any(o.rules for o in self.outcomes.values()) and not self.problems:
             return  # a run of other tests (the installed plugin loads into every pytest run)
         report = self.report()
         terminalreporter.section("conformance")
@@ -275,7 +367,24 @@ def pytest_configure(config: pytest.Config) -> None:
         expectations = read_expectations(path) if path else None
     except (SelectionError, ExpectationsError) as error:
         raise pytest.UsageError(str(error)) from None
+    if selection is None and (expectations or config.getoption("--conformance-report")):
+        # A report or expectations only make sense of a loader: say so before anything runs.
+        raise pytest.UsageError(NO_LOADER)
     config.pluginmanager.register(Conformance(config, selection, expectations), "conformance")
+
+
+def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str] | None:
+    """Tensors compared in an assertion are summarised (dtype, shape, device, first difference),
+    never printed whole."""
+    if not (isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor)):
+        return None
+    from reference.kit.failures import describe, first_difference
+
+    lines = [f"{describe(left)} {op} {describe(right)}"]
+    difference = first_difference(left, right)
+    if difference:
+        lines.append(difference)
+    return lines
 
 
 @pytest.fixture
@@ -286,9 +395,9 @@ def conformance(request: pytest.FixtureRequest) -> Conformance:
 
 
 @pytest.fixture
-def loader(conformance: Conformance) -> LoaderAdapter:
-    """The loader under test (the reference adapter unless another is selected)."""
-    return conformance.adapter
+def loader(conformance: Conformance, request: pytest.FixtureRequest) -> SeamLoader:
+    """The loader under test, reachable through the methods of the test's capabilities only."""
+    return conformance.view_for(request.node.nodeid)
 
 
 @pytest.fixture
@@ -298,17 +407,11 @@ def runtime_device(conformance: Conformance) -> torch.device:
 
 
 @pytest.fixture
-def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
-    """The plan of an unquantized, CPU-offloaded DiT, from the loader under test: it loads on
-    CPU, where adoption happens."""
-    device = loader.resolve_checkpoint_load_device(
-        runtime_device, component_cpu_offload=True, quantization=None
-    )
-    return loader.plan_for_component(
-        checkpoint_load_device=device,
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
+def offload_plan() -> PlanLike:
+    """The plan of an unquantized, CPU-offloaded DiT (DEV-1, PLAN-2): it loads on CPU, where
+    adoption happens. A value of the suite's own (reference.kit.seam.Plan), so a test of another
+    capability never needs the loader's plan methods."""
+    return Plan(checkpoint_load_device=torch.device("cpu"))
 
 
 @pytest.fixture

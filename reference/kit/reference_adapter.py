@@ -1,4 +1,4 @@
-"""The reference loader behind the suite's seam (reference.kit.adapter.LoaderAdapter).
+"""The reference loader behind the suite's seam (reference.kit.seam.LoaderAdapter).
 
 Each method delegates to the module that does the work, so this file reads as a map from the
 contract's capabilities to the reference's modules.
@@ -24,12 +24,14 @@ from reference.adopt import LinearKinds, Verdict
 from reference.args import ServerArgsLike, own_server_args
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.adapter import (
+from reference.kit.seam import (
     ADMISSION,
     CHECKPOINT_SAFETY,
     CLI_ARGS,
     DIRECT_DIT,
     FP8_DEFER,
+    LOADER_SUPPORT,
+    MEMORY_PREFLIGHT,
     PIPELINES,
     PLANS,
     TENSOR_PARALLEL,
@@ -238,10 +240,19 @@ class ReferenceAdapter(ReferencePlans):
         ) or support.covers(admission.DirectRequest(component, args_mod.DIRECT_FLAG))
 
     def load_pipeline_component(
-        self, pipeline_dir: Path, component: str, args: ServerArgsLike, *, platform: Platform
+        self,
+        pipeline_dir: Path,
+        component: str,
+        args: ServerArgsLike,
+        *,
+        platform: Platform,
+        models: Mapping[str, type[nn.Module]] | None = None,
     ) -> torch.nn.Module:
         spec = pipeline_mod.read_pipeline(pipeline_dir).component(component)
-        loader = load.loader_for(component, platform=platform)
+        registry = pipeline_mod.ModelRegistry()
+        for class_name, cls in (models or {}).items():
+            registry.register(cls, name=class_name)
+        loader = load.loader_for(component, registry=registry, platform=platform)
         module: torch.nn.Module = loader.load(spec, own_server_args(args)).module
         return module
 
@@ -282,7 +293,9 @@ _DIT_CAPABILITIES: frozenset[str] = frozenset({ZERO_COPY, DIRECT_DIT, FP8_DEFER,
 _VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})
 
 # Arguments/admission capabilities of the reference (section owner adds them here).
-_ADMISSION_CAPABILITIES: frozenset[str] = frozenset({CLI_ARGS, ADMISSION, PIPELINES})
+_ADMISSION_CAPABILITIES: frozenset[str] = frozenset(
+    {CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES}
+)
 
 # Checkpoint-safety capabilities of the reference (section owner adds them here).
 _CHECKPOINT_CAPABILITIES: frozenset[str] = frozenset({CHECKPOINT_SAFETY})

@@ -1,11 +1,12 @@
-"""Which loader the suite judges: `--loader=SPEC`, else `$LOADER_UNDER_TEST`, else the reference.
+"""Which loader the suite judges: `--loader=SPEC`, else `$LOADER_UNDER_TEST`; there is no default.
 
 A SPEC is either `package.module:attr` (`attr` may be dotted) or the name of an entry point in
-the group `diffusion_loader_conformance.adapters`. What it names is an adapter object, an adapter
-class, or a zero-argument factory returning an adapter. Whatever it is, the result must satisfy
-`reference.kit.adapter.LoaderAdapter`: a non-empty `name` and a non-empty frozenset `capabilities`
-drawn from `ALL_CAPABILITIES`. A SPEC that does not resolve is an error: the suite never quietly
-judges another loader, or none.
+the group `diffusion_loader_conformance.adapters` (`reference` names the reference loader's own
+adapter). What it names is an adapter object, an adapter class, or a zero-argument factory
+returning an adapter. Whatever it is, the result must satisfy `reference.kit.seam.LoaderAdapter`:
+a non-empty `name` and a non-empty frozenset `capabilities` drawn from `ALL_CAPABILITIES`. A SPEC
+that does not resolve is an error, and so is a run that judges without any SPEC: the suite never
+quietly judges the reference, or nothing.
 """
 
 from __future__ import annotations
@@ -16,21 +17,22 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Literal, cast
 
-from reference.kit.adapter import ALL_CAPABILITIES, LoaderAdapter
-from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.seam import ALL_CAPABILITIES, LoaderAdapter
 
 ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
 ENV_VAR = "LOADER_UNDER_TEST"
 OPTION = "--loader"
-DEFAULT_SOURCE = f"chosen by default (no {OPTION} option, no {ENV_VAR} variable)"
+REFERENCE = "reference"
+REFERENCE_SPEC = "reference.kit.reference_adapter:ReferenceAdapter"
+"""`--loader=reference` names the reference's adapter, also where no entry point is installed
+(a clone run without pip install, the GPU tier's bare environment)."""
 
 HOW_TO_CHOOSE = (
     "Choose the loader under test in one of three ways:\n"
     f"  1. {OPTION}=package.module:attr  an adapter, an adapter class or a zero-argument factory\n"
-    f"     {OPTION}=NAME                 an entry point in group '{ENTRY_POINT_GROUP}'\n"
-    f"  2. {ENV_VAR}=SPEC        the same syntax, in the environment\n"
-    "  3. neither                       the reference's own adapter"
-    " (reference.kit.reference_adapter:ReferenceAdapter)"
+    f"  2. {OPTION}=NAME                 an entry point in group '{ENTRY_POINT_GROUP}'"
+    f" ({OPTION}=reference judges the reference loader)\n"
+    f"  3. {ENV_VAR}=SPEC        either form, in the environment"
 )
 
 
@@ -44,38 +46,37 @@ class Selection:
 
     Attributes:
         adapter: the adapter the `loader` fixture hands to contract tests.
-        how: `option` (--loader), `environment` ($LOADER_UNDER_TEST) or `default`.
-        spec: the SPEC it was resolved from, or None for the default.
+        how: `option` (--loader) or `environment` ($LOADER_UNDER_TEST).
+        spec: the SPEC it was resolved from.
     """
 
     adapter: LoaderAdapter
-    how: Literal["option", "environment", "default"]
-    spec: str | None = None
-
-    @property
-    def explicit(self) -> bool:
-        """Whether someone chose this loader (option or environment), not the default."""
-        return self.how != "default"
+    how: Literal["option", "environment"]
+    spec: str
 
     @property
     def source(self) -> str:
         """How it was chosen, in words, for the report header and the JSON report."""
         if self.how == "option":
             return f"chosen by {OPTION}={self.spec}"
-        if self.how == "environment":
-            return f"chosen by {ENV_VAR}={self.spec}"
-        return DEFAULT_SOURCE
+        return f"chosen by {ENV_VAR}={self.spec}"
 
 
-def select_adapter(*, option: str | None, environ: Mapping[str, str]) -> Selection:
-    """Resolve the loader under test from the option, else the environment, else the default.
+NO_LOADER = (
+    f"no loader under test was chosen, and the suite judges none by default.\n{HOW_TO_CHOOSE}"
+)
+
+
+def select_adapter(*, option: str | None, environ: Mapping[str, str]) -> Selection | None:
+    """Resolve the loader under test from the option, else the environment.
 
     Args:
         option: the value of `--loader`, or None when it was not given.
         environ: the environment; an empty `LOADER_UNDER_TEST` counts as unset.
 
     Returns:
-        The adapter and a line saying how it was chosen.
+        The adapter and a line saying how it was chosen; None when nothing chose one (a run
+        that then collects a contract test is a usage error, NO_LOADER).
 
     Raises:
         SelectionError: the SPEC does not resolve to an adapter; the message names the SPEC,
@@ -86,7 +87,7 @@ def select_adapter(*, option: str | None, environ: Mapping[str, str]) -> Selecti
     spec = environ.get(ENV_VAR, "")
     if spec:
         return Selection(resolve_spec(spec, origin=ENV_VAR), "environment", spec)
-    return Selection(ReferenceAdapter(), "default")
+    return None
 
 
 def resolve_spec(spec: str, *, origin: str) -> LoaderAdapter:
@@ -143,6 +144,8 @@ def check_adapter(candidate: object) -> LoaderAdapter:
 
 
 def _load_target(spec: str) -> object:
+    if spec == REFERENCE:
+        spec = REFERENCE_SPEC
     if ":" not in spec:
         return _load_entry_point(spec)
     module_name, _, attr_path = spec.partition(":")

@@ -25,7 +25,7 @@ from fakes.layers import (
     RowParallelLinear,
 )
 from reference.checkpoint import TensorReader
-from reference.kit.adapter import DIRECT_DIT, LoaderAdapter, PlanLike
+from reference.kit.seam import DIRECT_DIT, Plan, PlanLike, SeamLoader
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 
@@ -52,13 +52,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Mapping[
 
 
 @pytest.fixture
-def direct_plan(loader: LoaderAdapter, gpu_device: torch.device) -> PlanLike:
-    return loader.plan_for_component(
-        checkpoint_load_device=gpu_device,
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=False,
-        load_full_state_dict_on_device=True,
-    )
+def direct_plan(gpu_device: torch.device) -> PlanLike:
+    return Plan(checkpoint_load_device=gpu_device, load_full_state_dict_on_device=True)
 
 
 def eligible(module: nn.Module) -> set[str]:
@@ -92,7 +87,7 @@ def copied_in_any_case(module: nn.Module) -> set[str]:
 
 @pytest.mark.rule("DG-4", "DG-5")
 def test_direct_mode_allocates_each_eligible_tensor_once_on_the_device(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     direct_plan: PlanLike,
     gpu_device: torch.device,
     checkpoint: tuple[Path, Mapping[str, int]],
@@ -126,7 +121,7 @@ def test_direct_mode_allocates_each_eligible_tensor_once_on_the_device(
 @pytest.mark.rule("DG-5")
 @pytest.mark.reference_only("it spies on the reference's reader to match each tensor it read")
 def test_direct_mode_adopts_the_tensors_it_read_onto_the_device(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     direct_plan: PlanLike,
     gpu_device: torch.device,
     checkpoint: tuple[Path, Mapping[str, int]],
@@ -157,7 +152,7 @@ def test_direct_mode_adopts_the_tensors_it_read_onto_the_device(
 
 @pytest.mark.rule("DG-5")
 def test_direct_peak_device_memory_is_the_model_plus_the_largest_tensor(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     direct_plan: PlanLike,
     gpu_device: torch.device,
     checkpoint: tuple[Path, Mapping[str, int]],

@@ -18,10 +18,10 @@ from torch import nn
 from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
-from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
+from reference.kit.seam import FP8_DEFER, Plan, PlanLike, SeamLoader
 from reference.quantization import QuantizationSpec
 
-pytestmark = pytest.mark.capability(FP8_DEFER, PLANS)
+pytestmark = pytest.mark.capability(FP8_DEFER)
 
 CONFIG = DiTConfig(hidden=256, heads=4, depth=2)
 QUANTIZED_LAYERS = 4 * CONFIG.depth  # qkv, proj, mlp_up, mlp_down in each block
@@ -31,14 +31,12 @@ ONLINE = [
 ]
 
 
-def offloaded_plan(loader: LoaderAdapter, device: torch.device, spec: QuantizationSpec) -> PlanLike:
-    """The plan of a CPU-offloaded component quantized online, as a pipeline derives it."""
-    return loader.plan_for_component(
-        checkpoint_load_device=loader.resolve_checkpoint_load_device(
-            device, component_cpu_offload=True, quantization=spec
-        ),
-        needs_device_weight_postprocess=loader.requires_device_weight_processing(spec),
-        component_cpu_offload=True,
+def offloaded_plan(loader: SeamLoader, device: torch.device, spec: QuantizationSpec) -> PlanLike:
+    """The plan of a CPU-offloaded component quantized online (DEV-2, FP8-1, PLAN-2): loaded
+    and processed on the device, the offload deferred; the plans tests pin its derivation."""
+    del loader, spec
+    return Plan(
+        checkpoint_load_device=device, weight_postprocess_device=device, defer_cpu_offload=True
     )
 
 
@@ -61,7 +59,7 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 @pytest.mark.rule("FP8-2", "FP8-6")
 @pytest.mark.parametrize(("spec", "method"), ONLINE)
 def test_quantized_on_the_device_then_offloaded_with_the_same_bits(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     gpu_device: torch.device,
     tmp_path: Path,
     *,

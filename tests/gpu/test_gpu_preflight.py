@@ -19,13 +19,13 @@ import torch
 
 from fakes.evidence import DataReads, data_bytes, evidence_missing
 from fakes.judge import refusal
-from fakes.pipelines import FakeComponent, PipelineDiT, write_pipeline
+from fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
 from reference.checkpoint import DTYPES
 from reference.errors import DeviceMemoryError
-from reference.kit.adapter import ADMISSION, DIRECT_DIT, PIPELINES, LoaderAdapter
+from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader
 from reference.platform import SYSTEM
 
-pytestmark = pytest.mark.capability(DIRECT_DIT, ADMISSION, PIPELINES)
+pytestmark = pytest.mark.capability(DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES)
 
 GIB = 1024**3
 BIG_DIT = {"hidden": 4096, "heads": 32, "depth": 4}  # 4 * 8 * 4096^2 float32 weights: 2 GiB
@@ -78,7 +78,7 @@ def reserve_all_but(device: torch.device, left: int) -> torch.Tensor:
 
 @pytest.mark.rule("DG-6")
 def test_direct_load_beyond_the_real_free_memory_is_refused_before_any_byte_moves(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     gpu_device: torch.device,
     big_pipeline: tuple[Path, int],
     gpu_figures: Callable[..., None],
@@ -101,7 +101,9 @@ def test_direct_load_beyond_the_real_free_memory_is_refused_before_any_byte_move
         allocated = torch.cuda.memory_allocated(gpu_device)
         with DataReads() as reads:
             error = refusal(
-                lambda: loader.load_pipeline_component(root, "transformer", args, platform=SYSTEM),
+                lambda: loader.load_pipeline_component(
+                    root, "transformer", args, platform=SYSTEM, models=MODEL_CLASSES
+                ),
                 error=DeviceMemoryError,
             )
         assert torch.cuda.memory_allocated(gpu_device) == allocated

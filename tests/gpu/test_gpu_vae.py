@@ -20,7 +20,7 @@ from torch import nn
 
 from fakes.vae import StandardVAE, VAEConfig
 from fakes.vae_checkpoints import write_vae_checkpoint
-from reference.kit.adapter import VAE_STREAM, LoaderAdapter
+from reference.kit.seam import VAE_STREAM, SeamLoader
 from reference.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
@@ -53,7 +53,7 @@ def release_freed_host_memory() -> None:
 
 
 def stream(
-    loader: LoaderAdapter, config: VAEConfig, path: Path, device: torch.device
+    loader: SeamLoader, config: VAEConfig, path: Path, device: torch.device
 ) -> tuple[nn.Module, PeakSampler]:
     release_freed_host_memory()
     with PeakSampler() as sampler:
@@ -64,7 +64,7 @@ def stream(
 
 @pytest.mark.rule("VAE-1", "VAE-13")
 def test_streaming_onto_cuda_keeps_host_memory_bounded_and_equals_an_ordinary_load(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     gpu_device: torch.device,
     tmp_path: Path,
     gpu_figures: Callable[..., None],

@@ -32,10 +32,17 @@ from fakes.pipelines import (
     PipelineDiT,
     write_pipeline,
 )
+from fakes.pipelines import MODEL_CLASSES as MODELS_BY_NAME
 from fakes.platform import FakePlatform
 from reference.args import ServerArgsLike
 from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
-from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.seam import (
+    ADMISSION,
+    LOADER_SUPPORT,
+    MEMORY_PREFLIGHT,
+    PIPELINES,
+    SeamLoader,
+)
 from reference.quantization import QuantizationSpec
 
 ACCEL = torch.device("cuda", 0)
@@ -76,9 +83,6 @@ def watch(call: Callable[[], object]) -> DataReads:
     return reads
 
 
-pytestmark = pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
-
-
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pipeline declaring transformer, transformer_2, vae, video_vae, audio_vae and vocoder."""
@@ -86,7 +90,7 @@ def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _select(
-    loader: LoaderAdapter, *names: str, device: torch.device = ACCEL, **options: Any
+    loader: SeamLoader, *names: str, device: torch.device = ACCEL, **options: Any
 ) -> ServerArgsLike:
     return loader.make_server_args(
         runtime_device=device,
@@ -98,6 +102,7 @@ def _select(
 # --- ADM-1: the pipeline gate ---------------------------------------------------------------------
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-1")
 @pytest.mark.parametrize(
     "unknown",
@@ -105,7 +110,7 @@ def _select(
     ids=str,
 )
 def test_undeclared_selections_are_all_listed(
-    loader: LoaderAdapter, pipeline_dir: Path, unknown: tuple[str, ...]
+    loader: SeamLoader, pipeline_dir: Path, unknown: tuple[str, ...]
 ) -> None:
     # Everything else is admissible (CUDA, resident), so only the pipeline gate can refuse.
     args = _select(loader, "vae", *unknown)
@@ -114,6 +119,7 @@ def test_undeclared_selections_are_all_listed(
         assert_names_component(error, name.replace("-", "_"))
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-1")
 @pytest.mark.reference_only("checks the reference's wording and the order of its gates")
 def test_undeclared_selection_wording(pipeline_dir: Path) -> None:
@@ -136,9 +142,10 @@ def test_undeclared_selection_wording(pipeline_dir: Path) -> None:
     assert f"{SEL}.vae " not in message
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-1")
 def test_declared_selections_and_unselected_unknowns_pass(
-    loader: LoaderAdapter, pipeline_dir: Path
+    loader: SeamLoader, pipeline_dir: Path
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
@@ -147,8 +154,9 @@ def test_declared_selections_and_unselected_unknowns_pass(
     loader.admit(pipeline_dir, args, platform=CUDA)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-1", "DG-7")
-def test_dit_flag_without_a_transformer_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_dit_flag_without_a_transformer_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
     error = refusal(lambda: loader.admit(root, args, platform=CUDA))
@@ -159,11 +167,12 @@ def test_dit_flag_without_a_transformer_is_refused(loader: LoaderAdapter, tmp_pa
 # --- ADM-2: the arguments gate --------------------------------------------------------------------
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-2")
 @pytest.mark.parametrize("selected", ["video_vae", "video-vae", "vae", "audio_vae"])
 @pytest.mark.parametrize("problem", ["no-cuda", "cpu-runtime", "cpu-0-runtime", "offloaded"])
 def test_selected_component_needs_cuda_and_residency(
-    loader: LoaderAdapter, pipeline_dir: Path, problem: str, selected: str
+    loader: SeamLoader, pipeline_dir: Path, problem: str, selected: str
 ) -> None:
     name = selected.replace("-", "_")
     platform = FakePlatform(cuda=False) if problem == "no-cuda" else CUDA
@@ -183,6 +192,7 @@ def test_selected_component_needs_cuda_and_residency(
     loader.admit(pipeline_dir, loader.make_server_args(**options), platform=platform)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-2")
 @pytest.mark.reference_only("checks the reference's wording")
 @pytest.mark.parametrize(
@@ -218,9 +228,10 @@ def test_selected_component_refusal_wording(
     assert f"drop {SEL}.video_vae" in str(info.value)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-2")
 def test_component_selection_needs_only_cuda_and_residency(
-    loader: LoaderAdapter, pipeline_dir: Path
+    loader: SeamLoader, pipeline_dir: Path
 ) -> None:
     # FSDP, TP and DiT offload concern the DiT; a resident VAE on CUDA is admitted beside them.
     args = _select(loader, "vae", fsdp_inference=True, tp_size=2, dit_cpu_offload=True)
@@ -232,6 +243,7 @@ def test_component_selection_needs_only_cuda_and_residency(
 # --- ADM-3: the loader gate -----------------------------------------------------------------------
 
 
+@pytest.mark.capability(LOADER_SUPPORT)
 @pytest.mark.rule("ADM-3")
 @pytest.mark.parametrize(
     ("kind", "component", "supported"),
@@ -246,7 +258,7 @@ def test_component_selection_needs_only_cuda_and_residency(
     ],
 )
 def test_declared_direct_support(
-    loader: LoaderAdapter, kind: str, component: str, supported: bool
+    loader: SeamLoader, kind: str, component: str, supported: bool
 ) -> None:
     assert loader.loader_supports_direct(kind, component) is supported
 
@@ -307,10 +319,11 @@ UNHONOURABLE = [
 ]
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ADM-3", "ADM-5")
 @pytest.mark.parametrize(("component", "options", "flag"), UNHONOURABLE)
 def test_unhonourable_request_is_refused_before_any_file_access(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     big_pipeline: Path,
     component: str,
     options: dict[str, Any],
@@ -344,11 +357,12 @@ def _break_weights(root: Path, component: str) -> None:
         weights.write_bytes(b"\x00not a checkpoint")
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ADM-3", "ADM-5")
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
 @pytest.mark.parametrize("component", ["vocoder", "audio_vae"])
 def test_unsupported_request_is_refused_whatever_the_weights(
-    loader: LoaderAdapter, tmp_path: Path, damage: str, component: str
+    loader: SeamLoader, tmp_path: Path, damage: str, component: str
 ) -> None:
     """Damaged weights cannot be what refuses: the request is refused before they are looked at
     (a checkpoint error would be a ValueError, but not the no-fallback error)."""
@@ -360,12 +374,16 @@ def test_unsupported_request_is_refused_whatever_the_weights(
             weights.unlink()
     args = _select(loader, component)
     error = refusal(
-        lambda: loader.load_pipeline_component(root, component, args, platform=CUDA), error=CCUE
+        lambda: loader.load_pipeline_component(
+            root, component, args, platform=CUDA, models=MODELS_BY_NAME
+        ),
+        error=CCUE,
     )
     assert_names_one_of(error, SEL, SEL_U)
     assert_names_component(error, component)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-3")
 @pytest.mark.reference_only("checks the reference's wording")
 def test_unsupported_request_wording(tmp_path: Path) -> None:
@@ -381,9 +399,10 @@ def test_unsupported_request_wording(tmp_path: Path) -> None:
     assert type(info.value) is CCUE
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ADM-3")
 def test_without_the_flag_the_same_loader_loads(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     for args in (
@@ -393,7 +412,9 @@ def test_without_the_flag_the_same_loader_loads(
             runtime_device=runtime_device, component_direct_gpu_weight_loading={"vocoder": False}
         ),
     ):
-        module = loader.load_pipeline_component(root, "vocoder", args, platform=CUDA)
+        module = loader.load_pipeline_component(
+            root, "vocoder", args, platform=CUDA, models=MODELS_BY_NAME
+        )
         state = module.state_dict()
         assert set(state) == {"up.weight", "up.bias", "conv.weight", "conv.bias", "gain"}
         assert all(t.device.type == runtime_device.type for t in state.values())
@@ -401,6 +422,7 @@ def test_without_the_flag_the_same_loader_loads(
         assert all(torch.equal(state[k].cpu(), written[k]) for k in written)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-3")
 @pytest.mark.reference_only("spies on the reference's own loader hooks")
 def test_gate_runs_before_hooks_and_file_access(pipeline_dir: Path, mocker: MockerFixture) -> None:
@@ -423,6 +445,7 @@ def test_gate_runs_before_hooks_and_file_access(pipeline_dir: Path, mocker: Mock
     assert (opened.call_count, io_open.call_count) == (0, 0)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-3")
 @pytest.mark.reference_only("calls the reference's loader gate directly")
 @pytest.mark.parametrize(
@@ -460,6 +483,7 @@ def test_loader_gate_answers_per_component(
 # --- ADM-4: one table serves all three gates ------------------------------------------------------
 
 
+@pytest.mark.capability(ADMISSION, PIPELINES)
 @pytest.mark.rule("ADM-4", "DG-3")
 @pytest.mark.parametrize(
     ("component", "options"),
@@ -471,14 +495,16 @@ def test_loader_gate_answers_per_component(
     ids=["config", "config-second", "quantization-flag"],
 )
 def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
-    loader: LoaderAdapter, big_pipeline: Path, component: str, options: dict[str, Any]
+    loader: SeamLoader, big_pipeline: Path, component: str, options: dict[str, Any]
 ) -> None:
     """One rule answers at every layer: the arguments that admission refuses for a quantized
     DiT, its loader refuses too, with the same no-fallback error naming the same component."""
     args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
     at_admission = refusal(lambda: loader.admit(big_pipeline, args, platform=CUDA), error=CCUE)
     at_loader = refusal(
-        lambda: loader.load_pipeline_component(big_pipeline, component, args, platform=CUDA),
+        lambda: loader.load_pipeline_component(
+            big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
+        ),
         error=CCUE,
     )
     for error in (at_admission, at_loader):
@@ -486,6 +512,7 @@ def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
         assert_names_component(error, component)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-4")
 @pytest.mark.reference_only("patches the reference's own rule table")
 def test_every_gate_reads_the_one_table(mocker: MockerFixture) -> None:
@@ -511,6 +538,7 @@ def test_every_gate_reads_the_one_table(mocker: MockerFixture) -> None:
             gate()
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-4", "DG-3")
 @pytest.mark.reference_only("calls the reference's three gates directly")
 def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
@@ -555,11 +583,12 @@ def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
 # --- DG-3: a quantized DiT is refused for direct loading ------------------------------------------
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-3")
 @pytest.mark.parametrize("component", ["transformer", "transformer_2"])
 @pytest.mark.parametrize("method", ["fp8", "gguf", "modelopt_fp8"])
 def test_quantized_dit_in_its_own_config_is_refused_at_admission(
-    loader: LoaderAdapter, tmp_path: Path, component: str, method: str
+    loader: SeamLoader, tmp_path: Path, component: str, method: str
 ) -> None:
     quantized = replace(FULL_PIPELINE[component], quantization_config={"quant_method": method})
     root = write_pipeline(tmp_path, {**FULL_PIPELINE, component: quantized})
@@ -570,6 +599,7 @@ def test_quantized_dit_in_its_own_config_is_refused_at_admission(
     loader.admit(root, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-3")
 @pytest.mark.parametrize(
     "quantization",
@@ -577,7 +607,7 @@ def test_quantized_dit_in_its_own_config_is_refused_at_admission(
     ids=str,
 )
 def test_quantization_flag_with_direct_dit_is_refused_at_admission(
-    loader: LoaderAdapter, pipeline_dir: Path, quantization: QuantizationSpec
+    loader: SeamLoader, pipeline_dir: Path, quantization: QuantizationSpec
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL, direct_gpu_weight_loading=True, quantization=quantization
@@ -592,12 +622,14 @@ def test_quantization_flag_with_direct_dit_is_refused_at_admission(
 # --- ADM-5: the no-fallback error is never swallowed ----------------------------------------------
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-5")
 @pytest.mark.reference_only("checks the reference's error class")
 def test_no_fallback_error_is_a_value_error() -> None:
     assert issubclass(CCUE, ValueError)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("ADM-5")
 @pytest.mark.reference_only("drives the reference's loader template")
 @pytest.mark.parametrize("direct", [False, True])
@@ -640,10 +672,11 @@ def checkpoint(tmp_path: Path) -> tuple[Path, int]:
     return path, 1024 * 4096 * 4 + 16 * 2
 
 
+@pytest.mark.capability(MEMORY_PREFLIGHT)
 @pytest.mark.rule("DG-6")
 @pytest.mark.parametrize("device", [ACCEL, torch.device("cuda", 1)], ids=str)
 def test_preflight_refuses_what_does_not_fit(
-    loader: LoaderAdapter, checkpoint: tuple[Path, int], device: torch.device
+    loader: SeamLoader, checkpoint: tuple[Path, int], device: torch.device
 ) -> None:
     path, total = checkpoint
 
@@ -665,9 +698,10 @@ def test_preflight_refuses_what_does_not_fit(
     reads.assert_no_data_read(data_bytes(path))
 
 
+@pytest.mark.capability(ADMISSION, PIPELINES)
 @pytest.mark.rule("DG-6")
 def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     dit = FakeComponent(PipelineDiT, {"hidden": 512, "heads": 4, "depth": 2}, seed=2)
     root = write_pipeline(tmp_path, {"transformer": dit})
@@ -681,7 +715,9 @@ def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
     def load() -> None:
         errors.append(
             refusal(
-                lambda: loader.load_pipeline_component(root, "transformer", args, platform=tiny),
+                lambda: loader.load_pipeline_component(
+                    root, "transformer", args, platform=tiny, models=MODELS_BY_NAME
+                ),
                 error=DeviceMemoryError,
             )
         )
@@ -691,6 +727,7 @@ def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
     reads.assert_no_data_read(data_bytes(*files))
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-6")
 @pytest.mark.reference_only("checks the reference's stated margin and wording")
 def test_preflight_states_its_margin(checkpoint: tuple[Path, int]) -> None:
@@ -721,8 +758,8 @@ def test_preflight_states_its_margin(checkpoint: tuple[Path, int]) -> None:
 # --- ADM-6: defaults untouched --------------------------------------------------------------------
 
 
-@pytest.mark.rule("ADM-6")
 @pytest.mark.capability(PIPELINES)
+@pytest.mark.rule("ADM-6")
 @pytest.mark.parametrize(
     "options",
     [
@@ -733,12 +770,14 @@ def test_preflight_states_its_margin(checkpoint: tuple[Path, int]) -> None:
     ids=["no-flag", "explicit-false", "all-false"],
 )
 def test_without_a_flag_every_component_loads_as_an_ordinary_load_would(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, options: dict[str, Any]
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, options: dict[str, Any]
 ) -> None:
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
     args = loader.make_server_args(runtime_device=runtime_device, **options)
     for name, component in SMALL_PIPELINE.items():
-        module = loader.load_pipeline_component(root, name, args, platform=CUDA)
+        module = loader.load_pipeline_component(
+            root, name, args, platform=CUDA, models=MODELS_BY_NAME
+        )
         # The ordinary way, by hand: construct on CPU, load the whole file, load_state_dict.
         ordinary = component.cls(**component.config)
         files = sorted((root / name).glob("*.safetensors"))

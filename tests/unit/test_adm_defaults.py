@@ -16,10 +16,10 @@ import torch
 from fakes.pipelines import FakeComponent, FakeVocoder, PipelineDiT, PipelineVAE, write_pipeline
 from fakes.platform import FakePlatform
 from fakes.vae import UnrebuiltBufferVAE, VAEConfig
-from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.seam import ADMISSION, PIPELINES, SeamLoader
 from reference.pipeline import MODELS
 
-pytestmark = [pytest.mark.rule("ADM-6"), pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)]
+pytestmark = pytest.mark.rule("ADM-6")
 
 NO_CUDA = FakePlatform(cuda=False)
 
@@ -31,7 +31,7 @@ class OrdinaryOnlyVAE(UnrebuiltBufferVAE):
         super().__init__(VAEConfig(frames=frames))
 
 
-MODELS.register(OrdinaryOnlyVAE)
+MODELS.register(OrdinaryOnlyVAE)  # for `python -m reference load` runs on this pipeline
 
 COMPONENTS = {
     "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
@@ -39,6 +39,8 @@ COMPONENTS = {
     "video_vae": FakeComponent(PipelineVAE, shards=2, seed=4),
     "vocoder": FakeComponent(FakeVocoder, {"channels": 4, "upsample": 2}, seed=1),
 }
+MODELS_BY_NAME = {c.cls.__name__: c.cls for c in COMPONENTS.values()}
+"""The classes this pipeline names, handed to the loader through the seam."""
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,9 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu().reshape(-1).view(torch.uint8)
 
 
+@pytest.mark.capability(ADMISSION)
 def test_without_a_flag_no_gate_refuses(
-    loader: LoaderAdapter, runtime_device: torch.device, pipeline_dir: Path
+    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path
 ) -> None:
     # Every option that would refuse a direct request is set; nothing asks for one.
     args = loader.make_server_args(
@@ -72,16 +75,18 @@ def test_without_a_flag_no_gate_refuses(
     loader.admit(pipeline_dir, args, platform=NO_CUDA)
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.parametrize("name", list(COMPONENTS))
 def test_without_a_flag_each_component_loads_as_an_ordinary_build(
-    loader: LoaderAdapter, runtime_device: torch.device, pipeline_dir: Path, name: str
+    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str
 ) -> None:
     args = loader.make_server_args(runtime_device=runtime_device)
-    module = loader.load_pipeline_component(pipeline_dir, name, args, platform=NO_CUDA)
+    module = loader.load_pipeline_component(
+        pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME
+    )
     spec = COMPONENTS[name]
     ordinary = spec.cls(**spec.config)
     ordinary.load_state_dict(weights(pipeline_dir / name))
-    assert type(module) is spec.cls
     loaded = module.state_dict()
     assert set(loaded) == set(ordinary.state_dict())
     for key, tensor in ordinary.state_dict().items():

@@ -186,7 +186,7 @@ def _reason(param: torch.Tensor, **attrs: Any) -> str | None:
 
 @pytest.mark.rule("ZC-14")
 def test_reasons_name_the_offending_class() -> None:
-    assert _reason(Fancy(torch.ones(2))) == "ZC-6: parameter type is Fancy, not Parameter"
+    assert _reason(Fancy(torch.ones(2))) == "ZC-2c: parameter type is Fancy, not Parameter"
     assert _reason(nn.Parameter(torch.ones(2)), weight_loader=print) == (
         "ZC-2: weight_loader is a builtin_function_or_method, not a bound method"
     )

@@ -18,7 +18,7 @@ import torch
 from fakes.judge import refusal
 from fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
 from fakes.platform import FakePlatform
-from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.seam import ADMISSION, CLI_ARGS, PIPELINES, SeamLoader
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)
@@ -51,7 +51,7 @@ def spellings(component: str) -> tuple[str, str]:
 
 @pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
-def test_direct_flag_is_off_by_default(loader: LoaderAdapter) -> None:
+def test_direct_flag_is_off_by_default(loader: SeamLoader) -> None:
     args, rest = loader.parse_server_args(["--seed", "1"])
     assert args.direct_gpu_weight_loading is False
     assert rest == ["--seed", "1"]
@@ -72,7 +72,7 @@ def dit_flag_cases() -> list[tuple[list[str], bool]]:
 @pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize(("argv", "expected"), dit_flag_cases(), ids=str)
-def test_direct_flag_values(loader: LoaderAdapter, argv: list[str], expected: bool) -> None:
+def test_direct_flag_values(loader: SeamLoader, argv: list[str], expected: bool) -> None:
     args, rest = loader.parse_server_args(argv)
     assert args.direct_gpu_weight_loading is expected
     assert rest == [a for a in argv if a in ("--seed", "1")]
@@ -89,7 +89,7 @@ def refused_dit_values() -> list[list[str]]:
 @pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize("argv", refused_dit_values(), ids=str)
-def test_direct_flag_other_values_are_errors(loader: LoaderAdapter, argv: list[str]) -> None:
+def test_direct_flag_other_values_are_errors(loader: SeamLoader, argv: list[str]) -> None:
     error = refusal(lambda: loader.parse_server_args(["--seed", "1", *argv]))
     assert_names_one_of(error, DIT, DIT_U)
 
@@ -132,7 +132,7 @@ def component_flag_cases() -> list[tuple[list[str], dict[str, bool]]]:
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize(("argv", "expected"), component_flag_cases(), ids=str)
 def test_component_flag_forms(
-    loader: LoaderAdapter, argv: list[str], expected: dict[str, bool]
+    loader: SeamLoader, argv: list[str], expected: dict[str, bool]
 ) -> None:
     args, rest = loader.parse_server_args(argv)
     assert dict(args.component_direct_gpu_weight_loading) == expected
@@ -156,7 +156,7 @@ def bad_value_cases() -> list[tuple[list[str], str]]:
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize(("argv", "component"), bad_value_cases(), ids=str)
 def test_component_flag_bad_values_name_the_flag(
-    loader: LoaderAdapter, argv: list[str], component: str
+    loader: SeamLoader, argv: list[str], component: str
 ) -> None:
     error = refusal(lambda: loader.parse_server_args(["--seed", "1", *argv]))
     assert_names_one_of(error, SEL, SEL_U)
@@ -174,9 +174,7 @@ def test_component_flag_bad_values_name_the_flag(
     ],
     ids=str,
 )
-def test_empty_component_is_an_error_naming_the_flag(
-    loader: LoaderAdapter, argv: list[str]
-) -> None:
+def test_empty_component_is_an_error_naming_the_flag(loader: SeamLoader, argv: list[str]) -> None:
     error = refusal(lambda: loader.parse_server_args(["--seed", "1", *argv]))
     assert_names_one_of(error, SEL, SEL_U)
 
@@ -195,7 +193,7 @@ def test_empty_component_is_an_error_naming_the_flag(
     ids=["two-names", "two-names-next-token", "two-prefixes", "both-differ", "same-spelling"],
 )
 def test_one_component_with_different_values_is_an_error(
-    loader: LoaderAdapter, argv: list[str], component: str
+    loader: SeamLoader, argv: list[str], component: str
 ) -> None:
     error = refusal(lambda: loader.parse_server_args(["--seed", "1", *argv]))
     assert_names_one_of(error, SEL, SEL_U)
@@ -247,7 +245,7 @@ UNRELATED = [
 
 @pytest.mark.rule("ARGS-3")
 @pytest.mark.capability(CLI_ARGS)
-def test_unrelated_arguments_pass_through_in_order(loader: LoaderAdapter) -> None:
+def test_unrelated_arguments_pass_through_in_order(loader: SeamLoader) -> None:
     argv = [
         *UNRELATED[:4],
         f"{SEL}.vae",
@@ -272,7 +270,7 @@ def test_unrelated_arguments_pass_through_in_order(loader: LoaderAdapter) -> Non
 
 @pytest.mark.rule("ARGS-3")
 @pytest.mark.capability(CLI_ARGS)
-def test_without_loading_options_everything_passes_through(loader: LoaderAdapter) -> None:
+def test_without_loading_options_everything_passes_through(loader: SeamLoader) -> None:
     args, rest = loader.parse_server_args(UNRELATED)
     assert rest == UNRELATED
     assert args.direct_gpu_weight_loading is False
@@ -287,7 +285,7 @@ def test_without_loading_options_everything_passes_through(loader: LoaderAdapter
 @pytest.mark.parametrize("value", ["true", "True", 1, 0, None, 1.0], ids=repr)
 @pytest.mark.parametrize("name", ["vae", "video-vae"])
 def test_construction_refuses_component_values_that_are_not_bools(
-    loader: LoaderAdapter, name: str, value: object
+    loader: SeamLoader, name: str, value: object
 ) -> None:
     error = refusal(
         lambda: loader.make_server_args(
@@ -299,7 +297,7 @@ def test_construction_refuses_component_values_that_are_not_bools(
 
 @pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
-def test_construction_refuses_an_empty_component_name(loader: LoaderAdapter) -> None:
+def test_construction_refuses_an_empty_component_name(loader: SeamLoader) -> None:
     refusal(
         lambda: loader.make_server_args(
             runtime_device=ACCEL, component_direct_gpu_weight_loading={"": True}
@@ -309,7 +307,7 @@ def test_construction_refuses_an_empty_component_name(loader: LoaderAdapter) -> 
 
 @pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
-def test_construction_refuses_two_spellings_with_different_values(loader: LoaderAdapter) -> None:
+def test_construction_refuses_two_spellings_with_different_values(loader: SeamLoader) -> None:
     error = refusal(
         lambda: loader.make_server_args(
             runtime_device=ACCEL,
@@ -323,7 +321,7 @@ def test_construction_refuses_two_spellings_with_different_values(loader: Loader
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize("value", ["true", "False", 1, 0, None], ids=repr)
 def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
-    loader: LoaderAdapter, value: object
+    loader: SeamLoader, value: object
 ) -> None:
     error = refusal(
         lambda: loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=value)  # type: ignore[arg-type]
@@ -334,7 +332,7 @@ def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
 @pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
 @pytest.mark.parametrize("value", [True, False])
-def test_construction_accepts_real_bools(loader: LoaderAdapter, value: bool) -> None:
+def test_construction_accepts_real_bools(loader: SeamLoader, value: bool) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
         direct_gpu_weight_loading=value,
@@ -346,7 +344,7 @@ def test_construction_accepts_real_bools(loader: LoaderAdapter, value: bool) -> 
 
 @pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
-def test_construction_normalises_names(loader: LoaderAdapter) -> None:
+def test_construction_normalises_names(loader: SeamLoader) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
         component_direct_gpu_weight_loading={"video-vae": True, "video_vae": True, "vae": False},
@@ -377,7 +375,7 @@ def test_construction_error_wording(selection: dict[str, object], words: str) ->
 
 @pytest.mark.rule("ARGS-5")
 @pytest.mark.capability(CLI_ARGS)
-def test_should_direct_load_answers_by_exact_normalised_name(loader: LoaderAdapter) -> None:
+def test_should_direct_load_answers_by_exact_normalised_name(loader: SeamLoader) -> None:
     """Asked by the normalised name; whether the query itself is normalised is left free."""
     args, _ = loader.parse_server_args([f"{SEL}.video-vae", f"{SEL_U}.audio_vae=false"])
     ask = args.should_direct_gpu_weight_load_component
@@ -394,7 +392,7 @@ def test_should_direct_load_answers_by_exact_normalised_name(loader: LoaderAdapt
 
 @pytest.mark.rule("ARGS-5")
 @pytest.mark.capability(CLI_ARGS)
-def test_should_direct_load_is_false_by_default(loader: LoaderAdapter) -> None:
+def test_should_direct_load_is_false_by_default(loader: SeamLoader) -> None:
     for args in (
         loader.make_server_args(runtime_device=ACCEL),
         loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True),
@@ -432,7 +430,7 @@ def two_dits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ids=["cuda:0", "cuda", "cuda:1"],
 )
 def test_direct_dit_is_admitted_when_every_condition_holds(
-    loader: LoaderAdapter, one_dit: Path, device: torch.device, platform: FakePlatform
+    loader: SeamLoader, one_dit: Path, device: torch.device, platform: FakePlatform
 ) -> None:
     args = loader.make_server_args(runtime_device=device, direct_gpu_weight_loading=True)
     loader.admit(one_dit, args, platform=platform)
@@ -454,7 +452,7 @@ DG2_REFUSALS = [
 @pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 @pytest.mark.parametrize(("options", "platform"), DG2_REFUSALS)
 def test_direct_dit_refusals_name_the_flag(
-    loader: LoaderAdapter, one_dit: Path, options: dict[str, object], platform: FakePlatform
+    loader: SeamLoader, one_dit: Path, options: dict[str, object], platform: FakePlatform
 ) -> None:
     options = {"runtime_device": ACCEL, **options}
     args = loader.make_server_args(direct_gpu_weight_loading=True, **options)  # type: ignore[arg-type]
@@ -495,7 +493,7 @@ def test_direct_dit_refusal_wording(
 @pytest.mark.rule("DG-2")
 @pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 def test_component_offload_entry_false_keeps_the_dit_resident(
-    loader: LoaderAdapter, one_dit: Path
+    loader: SeamLoader, one_dit: Path
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
@@ -518,7 +516,7 @@ def test_component_offload_entry_false_keeps_the_dit_resident(
     ids=["second", "second-dashed", "first", "both"],
 )
 def test_residency_is_checked_for_every_transformer(
-    loader: LoaderAdapter, two_dits: Path, offloaded: dict[str, bool], named: str
+    loader: SeamLoader, two_dits: Path, offloaded: dict[str, bool], named: str
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL, direct_gpu_weight_loading=True, component_cpu_offload=offloaded
@@ -541,7 +539,7 @@ def test_residency_is_checked_for_every_transformer(
     ids=str,
 )
 def test_dit_refusal_names_every_transformer(
-    loader: LoaderAdapter, two_dits: Path, options: dict[str, object]
+    loader: SeamLoader, two_dits: Path, options: dict[str, object]
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
@@ -556,7 +554,7 @@ def test_dit_refusal_names_every_transformer(
 
 @pytest.mark.rule("DG-7")
 @pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
-def test_undeclared_second_transformer_is_not_checked(loader: LoaderAdapter, one_dit: Path) -> None:
+def test_undeclared_second_transformer_is_not_checked(loader: SeamLoader, one_dit: Path) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
         direct_gpu_weight_loading=True,

@@ -35,13 +35,13 @@ from fakes.load_paths import (
 )
 from reference.checkpoint import TensorReader
 from reference.errors import CheckpointError
-from reference.kit.adapter import (
+from reference.kit.seam import (
     CHECKPOINT_SAFETY,
     DIRECT_DIT,
     FP8_DEFER,
     ZERO_COPY,
-    LoaderAdapter,
     PlanLike,
+    SeamLoader,
 )
 from reference.quantization import QuantizationSpec
 
@@ -59,7 +59,7 @@ sealed = pytest.fixture(autouse=True)(sealing)
 
 
 def load_on(
-    path: str, loader: LoaderAdapter, tmp_path: Path, runtime_device: torch.device
+    path: str, loader: SeamLoader, tmp_path: Path, runtime_device: torch.device
 ) -> tuple[Path, Callable[[], object]]:
     """Write the corpus base in two shards for `path` and return (shard folder, the load)."""
     if path in PIPELINE_COMPONENTS:
@@ -91,7 +91,7 @@ def cutter(shard: Path, seal: Seal) -> Callable[[], None]:
 @pytest.mark.rule("CKPT-4", "CKPT-5")
 @pytest.mark.parametrize("path", PATHS)
 def test_shard_cut_during_the_load_leaves_nothing_behind(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
     folder, load = load_on(path, loader, tmp_path, runtime_device)
     sealed.add(tmp_path)
@@ -105,9 +105,15 @@ def test_shard_cut_during_the_load_leaves_nothing_behind(
 
 @pytest.mark.internal
 @pytest.mark.reference_only("spies on the reference's own reader")
-@pytest.mark.parametrize("path", ["dit-adopt", "dit-direct", "vae-stream", "transformer"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p]))
+        for p in ("dit-adopt", "dit-direct", "vae-stream", "transformer")
+    ],
+)
 def test_reference_cut_lands_after_the_first_tensors_were_read(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -129,7 +135,7 @@ def test_reference_cut_lands_after_the_first_tensors_were_read(
 @pytest.mark.rule("CKPT-5", "FP8-5")
 @pytest.mark.capability(ZERO_COPY, FP8_DEFER)
 def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -160,7 +166,7 @@ def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
 @pytest.mark.rule("ZC-13", "CKPT-5")
 @pytest.mark.parametrize("path", PATHS)
 def test_writing_to_every_loaded_tensor_leaves_the_files_unchanged(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
     folder, load = load_on(path, loader, tmp_path, runtime_device)
     sealed.add(tmp_path)
@@ -194,7 +200,7 @@ class TiedPair(nn.Module):
 @pytest.mark.capability(ZERO_COPY)
 @pytest.mark.parametrize("names", [("a.weight",), ("a.weight", "b.weight")], ids=["one", "both"])
 def test_tied_parameters_load_from_files_as_one(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     tmp_path: Path,
     sealed: Seal,
     offload_plan: PlanLike,
@@ -214,7 +220,7 @@ def test_tied_parameters_load_from_files_as_one(
 @pytest.mark.capability(ZERO_COPY, DIRECT_DIT)
 @pytest.mark.parametrize("path", ["dit-adopt", "dit-direct"])
 def test_two_names_over_overlapping_bytes_in_a_file_are_refused(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
     bad = write_bad_checkpoint("offsets-overlap", tmp_path / "ckpt")
     sealed.add(tmp_path)
@@ -237,7 +243,7 @@ def pair() -> nn.Module:
 @pytest.mark.rule("ZC-12", "DG-5")
 @pytest.mark.capability(DIRECT_DIT)
 def test_direct_mode_adopts_shared_or_overlapping_device_bytes_once(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal
 ) -> None:
     sealed.add(tmp_path)  # no file is involved: the tensors are handed over in memory
     device = direct_device(runtime_device)

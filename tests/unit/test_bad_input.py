@@ -33,7 +33,7 @@ from fakes.load_paths import (
 )
 from reference.checkpoint import open_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 
@@ -74,7 +74,7 @@ def expected_in_folder(bad: BadCheckpoint, folder: Path) -> tuple[str, str | Non
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
 def test_valid_base_of_the_corpus_loads_on_every_path(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
     state = small_state()
     checkpoint = write_checkpoint(state, tmp_path)
@@ -91,7 +91,7 @@ def test_valid_base_of_the_corpus_loads_on_every_path(
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.parametrize("component", IN_PIPELINES)
 def test_valid_corpus_pipeline_loads(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -108,7 +108,7 @@ def test_valid_corpus_pipeline_loads(
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
 def test_corrupt_checkpoint_is_one_clear_error_on_every_path(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -130,7 +130,7 @@ def test_corrupt_checkpoint_is_one_clear_error_on_every_path(
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("component", IN_PIPELINES)
 def test_corrupt_component_weights_are_one_clear_error_in_a_pipeline(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -190,7 +190,7 @@ MISMATCHES = {
 @pytest.mark.parametrize("kind", sorted(MISMATCHES))
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
 def test_another_models_checkpoint_is_a_state_mismatch_naming_the_tensor(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -213,7 +213,7 @@ def test_another_models_checkpoint_is_a_state_mismatch_naming_the_tensor(
 @pytest.mark.parametrize("kind", sorted(MISMATCHES))
 @pytest.mark.parametrize("component", IN_PIPELINES)
 def test_another_models_weights_in_a_pipeline_are_a_state_mismatch(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -236,7 +236,7 @@ def test_another_models_weights_in_a_pipeline_are_a_state_mismatch(
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
 def test_another_dtype_is_converted_to_the_slots_dtype_not_refused(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
     state = {n: t.to(torch.float16) for n, t in small_state().items()}
     checkpoint = write_checkpoint(state, tmp_path)

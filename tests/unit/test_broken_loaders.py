@@ -19,7 +19,6 @@ import pytest
 
 import fakes.broken
 from fakes.broken import BROKEN, BrokenAdapter
-from reference.kit.reference_adapter import ReferenceAdapter
 from reference.rules import BY_ID, RULES
 
 pytestmark = pytest.mark.internal
@@ -50,7 +49,7 @@ def suite_under_test(request: pytest.FixtureRequest) -> None:
     """These runs judge the suite, not the loader under test: the CPU tier with the reference
     runs them; a run judging another loader, or the gpu tier, skips them."""
     conformance = request.config.pluginmanager.get_plugin("conformance")
-    if type(conformance.adapter) is not ReferenceAdapter or conformance.device != "cpu":
+    if not conformance.judges_reference or conformance.device != "cpu":
         pytest.skip("judges the suite itself: runs in the CPU tier with the reference loader")
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from fakes.judge import refusal
 from reference.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 
@@ -40,7 +40,7 @@ def two_shards(folder: Path, *, index: object | None = None) -> Path:
     return path
 
 
-def refused(loader: LoaderAdapter, path: Path, *names: str) -> CheckpointError:
+def refused(loader: SeamLoader, path: Path, *names: str) -> CheckpointError:
     err = refusal(lambda: loader.inspect_checkpoint(path), *names, error=CheckpointError)
     assert isinstance(err, CheckpointError)
     return err
@@ -50,7 +50,7 @@ def refused(loader: LoaderAdapter, path: Path, *names: str) -> CheckpointError:
 
 
 @pytest.mark.rule("CKPT-2")
-def test_an_empty_index_lists_nothing(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_an_empty_index_lists_nothing(loader: SeamLoader, tmp_path: Path) -> None:
     path = two_shards(tmp_path / "ckpt", index={"weight_map": {}})
     assert dict(loader.inspect_checkpoint(path)) == {}
 
@@ -69,14 +69,14 @@ def test_an_empty_index_lists_nothing(loader: LoaderAdapter, tmp_path: Path) -> 
     ids=["list", "map-is-list", "file-not-string", "empty-file", "parent", "subfolder"],
 )
 def test_malformed_indexes_are_refused(
-    loader: LoaderAdapter, tmp_path: Path, index: object, names: list[str]
+    loader: SeamLoader, tmp_path: Path, index: object, names: list[str]
 ) -> None:
     path = two_shards(tmp_path / "ckpt", index=index)
     refused(loader, path, path.name, *names)
 
 
 @pytest.mark.rule("CKPT-2")
-def test_two_indexes_in_one_folder_are_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_two_indexes_in_one_folder_are_refused(loader: SeamLoader, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     index = two_shards(folder)
     (folder / f"other{INDEX_SUFFIX}").write_text(index.read_text())
@@ -84,7 +84,7 @@ def test_two_indexes_in_one_folder_are_refused(loader: LoaderAdapter, tmp_path: 
 
 
 @pytest.mark.rule("CKPT-2")
-def test_a_tensor_in_two_shards_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_a_tensor_in_two_shards_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     two_shards(folder)
     (folder / f"model{INDEX_SUFFIX}").unlink()
@@ -93,13 +93,13 @@ def test_a_tensor_in_two_shards_is_refused(loader: LoaderAdapter, tmp_path: Path
 
 
 @pytest.mark.rule("CKPT-2")
-def test_a_missing_index_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_a_missing_index_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     refused(loader, tmp_path / f"gone{INDEX_SUFFIX}", f"gone{INDEX_SUFFIX}")
 
 
 @pytest.mark.rule("ZC-13")
 def test_writing_to_a_read_tensor_leaves_the_file_unchanged(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     path = two_shards(tmp_path / "ckpt")
     shard = path.parent / "a.safetensors"

@@ -16,7 +16,7 @@ from fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state, 
 from fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, VAE_STREAM, LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -34,7 +34,7 @@ def _state() -> dict[str, torch.Tensor]:
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_sharded_and_single_checkpoints_read_back_exactly(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, shards: int
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, shards: int
 ) -> None:
     state = _state()
     path = write_checkpoint(state, tmp_path, shards=shards)
@@ -60,7 +60,7 @@ def test_checkpoint_sums_its_tensors_bytes(tmp_path: Path) -> None:
     assert checkpoint.largest_tensor_bytes == 48
 
 
-def _refusal(loader: LoaderAdapter, where: Path, file: Path, entry: str | None) -> None:
+def _refusal(loader: SeamLoader, where: Path, file: Path, entry: str | None) -> None:
     """inspect_checkpoint refuses with the Protocol's CheckpointError, `file` and `entry` set
     and named in the message."""
     names = (file.name,) if entry is None else (file.name, entry)
@@ -72,7 +72,7 @@ def _refusal(loader: LoaderAdapter, where: Path, file: Path, entry: str | None) 
 @pytest.mark.rule("CKPT-2")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 def test_index_naming_a_tensor_its_shard_lacks_is_refused(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     index = write_checkpoint(_state(), tmp_path, shards=2)
     raw = json.loads(index.read_text())
@@ -84,7 +84,7 @@ def test_index_naming_a_tensor_its_shard_lacks_is_refused(
 @pytest.mark.rule("CKPT-2")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 def test_index_placing_a_tensor_in_the_wrong_shard_is_refused(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     index = write_checkpoint(_state(), tmp_path, shards=2)
     raw = json.loads(index.read_text())
@@ -102,7 +102,7 @@ def test_index_placing_a_tensor_in_the_wrong_shard_is_refused(
 
 @pytest.mark.rule("CKPT-2")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
-def test_shard_tensor_missing_from_index_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_shard_tensor_missing_from_index_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     index = write_checkpoint(_state(), tmp_path, shards=2)
     raw = json.loads(index.read_text())
     shard = raw["weight_map"].pop("b.index")
@@ -114,7 +114,7 @@ def test_shard_tensor_missing_from_index_is_refused(loader: LoaderAdapter, tmp_p
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.parametrize("suffix", [".bin", ".pt", ".pth", ".ckpt"])
 def test_pickle_files_are_refused_without_being_opened(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, suffix: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, suffix: str
 ) -> None:
     path = tmp_path / f"model{suffix}"
     path.write_bytes(b"not even read")
@@ -135,7 +135,7 @@ def test_pickle_files_are_refused_without_being_opened(
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_corrupt_checkpoint_is_one_clear_error(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, case: str
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, case: str
 ) -> None:
     bad = write_bad_checkpoint(case, tmp_path / "ckpt")
     names = (bad.file,) if bad.entry is None else (bad.file, bad.entry)
@@ -157,7 +157,7 @@ def test_corrupt_checkpoint_is_one_clear_error(
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 def test_reading_a_name_the_checkpoint_lacks_names_it(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_checkpoint(_state(), tmp_path)
     error = refusal(
@@ -181,7 +181,7 @@ def _vae_state(config: VAEConfig | None = None) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("shards", [2, 3])
 @pytest.mark.parametrize("given", ["index", "folder"])
 def test_sharded_vae_checkpoint_streams_like_a_single_file(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -212,7 +212,7 @@ def test_sharded_vae_checkpoint_streams_like_a_single_file(
 @pytest.mark.rule("CKPT-2")
 @pytest.mark.capability(VAE_STREAM)
 def test_index_disagreeing_with_its_shards_fails_before_the_vae_is_built(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     index = write_vae_checkpoint(_vae_state(), tmp_path, shards=2)
     raw = json.loads(index.read_text())
@@ -232,7 +232,7 @@ def test_index_disagreeing_with_its_shards_fails_before_the_vae_is_built(
 @pytest.mark.parametrize("shards", [1, 2])
 @pytest.mark.parametrize("defect", ["duplicate", "unknown", "missing", "wrong_shape"])
 def test_header_mismatch_fails_before_any_tensor_data_is_read(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     shards: int,

@@ -76,7 +76,16 @@ def test_conform_runs_contract_tests_only(
     elsewhere: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(
-        ["conform", "--collect-only", "-q", "-k", "test_kit or test_plan", "-p", "no:xdist"]
+        [
+            "conform",
+            "--loader=reference",
+            "--collect-only",
+            "-q",
+            "-k",
+            "test_kit or test_plan",
+            "-p",
+            "no:xdist",
+        ]
     )
 
     assert code == pytest.ExitCode.OK
@@ -132,3 +141,15 @@ def test_conform_writes_nothing_into_the_callers_folder_but_the_report(elsewhere
     )
     assert code == pytest.ExitCode.OK
     assert sorted(path.name for path in elsewhere.iterdir()) == ["pytest.ini", "r.json"]
+
+
+@pytest.mark.usefixtures("installed")
+def test_conform_without_a_loader_is_a_usage_error(
+    elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI job that forgets --loader must go red, not judge the reference quietly."""
+    monkeypatch.delenv("LOADER_UNDER_TEST", raising=False)
+    assert main(["conform", "-p", "no:xdist", "-q"]) == pytest.ExitCode.USAGE_ERROR
+    out = capsys.readouterr()
+    assert "no loader under test was chosen" in out.out + out.err
+    assert "--loader=" in out.out + out.err

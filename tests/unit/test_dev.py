@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.kit.adapter import PLANS, LoaderAdapter
+from reference.kit.seam import PLANS, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(PLANS)
@@ -44,7 +44,7 @@ def is_cpu(device: torch.device) -> bool:
 
 @pytest.mark.rule("DEV-1", "DEV-3")
 @pytest.mark.parametrize("runtime", RUNTIMES, ids=str)
-def test_offloaded_unquantized_loads_on_cpu(loader: LoaderAdapter, runtime: torch.device) -> None:
+def test_offloaded_unquantized_loads_on_cpu(loader: SeamLoader, runtime: torch.device) -> None:
     device = loader.resolve_checkpoint_load_device(
         runtime, component_cpu_offload=True, quantization=None
     )
@@ -55,7 +55,7 @@ def test_offloaded_unquantized_loads_on_cpu(loader: LoaderAdapter, runtime: torc
 @pytest.mark.parametrize("runtime", RUNTIMES[:3], ids=str)
 @pytest.mark.parametrize("quantization", NEEDS_DEVICE, ids=str)
 def test_offloaded_quantized_keeps_runtime_device(
-    loader: LoaderAdapter, runtime: torch.device, quantization: QuantizationSpec
+    loader: SeamLoader, runtime: torch.device, quantization: QuantizationSpec
 ) -> None:
     device = loader.resolve_checkpoint_load_device(
         runtime, component_cpu_offload=True, quantization=quantization
@@ -67,7 +67,7 @@ def test_offloaded_quantized_keeps_runtime_device(
 @pytest.mark.parametrize("runtime", RUNTIMES[:3], ids=str)
 @pytest.mark.parametrize("quantization", LOADS_ON_CPU, ids=str)
 def test_offloaded_quantized_method_declaring_cpu_load_loads_on_cpu(
-    loader: LoaderAdapter, runtime: torch.device, quantization: QuantizationSpec
+    loader: SeamLoader, runtime: torch.device, quantization: QuantizationSpec
 ) -> None:
     device = loader.resolve_checkpoint_load_device(
         runtime, component_cpu_offload=True, quantization=quantization
@@ -79,7 +79,7 @@ def test_offloaded_quantized_method_declaring_cpu_load_loads_on_cpu(
 @pytest.mark.parametrize("runtime", RUNTIMES, ids=str)
 @pytest.mark.parametrize("quantization", [None, *NEEDS_DEVICE[:2], *LOADS_ON_CPU], ids=str)
 def test_resident_loads_on_runtime_device(
-    loader: LoaderAdapter, runtime: torch.device, quantization: QuantizationSpec | None
+    loader: SeamLoader, runtime: torch.device, quantization: QuantizationSpec | None
 ) -> None:
     device = loader.resolve_checkpoint_load_device(
         runtime, component_cpu_offload=False, quantization=quantization
@@ -89,7 +89,7 @@ def test_resident_loads_on_runtime_device(
 
 @pytest.mark.rule("DEV-2")
 def test_resident_uses_the_given_runtime_device(
-    loader: LoaderAdapter, runtime_device: torch.device
+    loader: SeamLoader, runtime_device: torch.device
 ) -> None:
     device = loader.resolve_checkpoint_load_device(
         runtime_device, component_cpu_offload=False, quantization=None

@@ -24,7 +24,7 @@ from torch import nn
 
 from fakes.diffusers_vaes import IMAGE_KL, write_diffusers_vae
 from reference.errors import CheckpointError
-from reference.kit.adapter import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM
+from reference.kit.seam import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.internal

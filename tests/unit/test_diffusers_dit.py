@@ -36,7 +36,7 @@ from fakes.file_maps import file_position, maps_missing, tensor_positions
 from fakes.judge import refusal
 from fakes.platform import FakePlatform
 from reference.extras import install_hint
-from reference.kit.adapter import ADMISSION, CLI_ARGS, PIPELINES, LoaderAdapter
+from reference.kit.seam import ADMISSION, CLI_ARGS, PIPELINES, SeamLoader
 from reference.quantization import QuantizationSpec
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
@@ -120,7 +120,7 @@ def param_names(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_offloaded(
-    loader: LoaderAdapter, runtime_device: torch.device, root: Path
+    loader: SeamLoader, runtime_device: torch.device, root: Path
 ) -> tuple[nn.Module, dict[str, torch.Tensor], set[str]]:
     """The transformer loaded under CPU offload; its parameters; those whose bytes are the
     checkpoint file's own (first byte maps the file at that tensor's offset)."""
@@ -140,7 +140,7 @@ def load_offloaded(
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
 def test_offloaded_diffusers_dit_adopts_its_checkpoint_in_place(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     hub: dict[str, Path],
     diffusers: ModuleType,
@@ -166,7 +166,7 @@ def test_offloaded_diffusers_dit_adopts_its_checkpoint_in_place(
 @pytest.mark.rule("ZC-9")
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
 def test_adopted_diffusers_parameters_do_not_require_grad(
-    loader: LoaderAdapter, runtime_device: torch.device, hub: dict[str, Path], name: str
+    loader: SeamLoader, runtime_device: torch.device, hub: dict[str, Path], name: str
 ) -> None:
     """ZC-9: a parameter adopted from the file (construction made it requires_grad=True) comes
     back with requires_grad False, holding the checkpoint's values."""
@@ -180,7 +180,7 @@ def test_adopted_diffusers_parameters_do_not_require_grad(
 
 @pytest.mark.rule("ZC-13")
 def test_writing_an_adopted_diffusers_parameter_leaves_the_file_unchanged(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     diffusers: ModuleType,
@@ -200,7 +200,7 @@ def test_writing_an_adopted_diffusers_parameter_leaves_the_file_unchanged(
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("name", EVIDENCE)
 def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     hub: dict[str, Path],
     diffusers: ModuleType,
@@ -225,7 +225,7 @@ def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
 def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     hub: dict[str, Path],
     diffusers: ModuleType,
@@ -249,7 +249,7 @@ def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
 
 @pytest.mark.rule("ZC-2b")
 def test_a_second_diffusers_transformer_is_adopted_too(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     """`transformer_2` (Wan 2.2's second expert, as `WanPipeline.save_pretrained` writes it) is
     a DiT component like `transformer`: under `--dit-cpu-offload` its plain parameters are the
@@ -273,7 +273,7 @@ def test_a_second_diffusers_transformer_is_adopted_too(
 @pytest.mark.rule("FP8-5")
 @pytest.mark.parametrize("where", ["flag", "config"])
 def test_quantization_of_a_plain_diffusers_dit_is_refused_before_any_read(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     diffusers: ModuleType,

@@ -21,7 +21,7 @@ from fakes.diffusers_pipelines import WAN_DIT
 from fakes.file_maps import file_position, tensor_positions
 from fakes.layers import LINEAR_KINDS
 from reference.extras import install_hint
-from reference.kit.adapter import ZERO_COPY, LoaderAdapter
+from reference.kit.seam import ZERO_COPY, Plan, SeamLoader
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 
@@ -45,7 +45,7 @@ def dit_build(folder: Path, diffusers: ModuleType) -> Callable[[], nn.Module]:
 @pytest.mark.rule("ZC-14")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_load_report_counts_a_diffusers_dit_as_it_was_loaded(
-    loader: LoaderAdapter, tmp_path: Path, diffusers: ModuleType, dtype: str
+    loader: SeamLoader, tmp_path: Path, diffusers: ModuleType, dtype: str
 ) -> None:
     """ZC-14: the report of a plain-torch DiT counts as adopted exactly the parameters whose
     bytes are the file's (judged from where they live), with their bytes, the rest as copied,
@@ -53,11 +53,7 @@ def test_load_report_counts_a_diffusers_dit_as_it_was_loaded(
     folder = tmp_path / "transformer"
     model: Any = WAN_DIT.build(seed=4)
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
-    plan = loader.plan_for_component(
-        checkpoint_load_device=torch.device("cpu"),
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
+    plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, report = loader.load_dit(
         dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS
     )
@@ -73,7 +69,7 @@ def test_load_report_counts_a_diffusers_dit_as_it_was_loaded(
 
 @pytest.mark.rule("ZC-2b")
 def test_a_diffusers_dit_from_a_bfloat16_file_is_converted_once(
-    loader: LoaderAdapter, tmp_path: Path, diffusers: ModuleType
+    loader: SeamLoader, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     """ZC-2b: a plain parameter whose file tensor has another dtype takes it converted once to
     the slot's dtype: fresh float32 memory (not the file's), values equal the conversion; the
@@ -81,11 +77,7 @@ def test_a_diffusers_dit_from_a_bfloat16_file_is_converted_once(
     folder = tmp_path / "transformer"
     model: Any = WAN_DIT.build(seed=4)
     model.to(torch.bfloat16).save_pretrained(str(folder))
-    plan = loader.plan_for_component(
-        checkpoint_load_device=torch.device("cpu"),
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
+    plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, _ = loader.load_dit(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
     stored = model.state_dict()
     for name, param in module.named_parameters():
@@ -100,18 +92,14 @@ def test_a_diffusers_dit_from_a_bfloat16_file_is_converted_once(
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
 def test_a_diffusers_dit_from_a_float32_file_is_the_file(
-    loader: LoaderAdapter, tmp_path: Path, diffusers: ModuleType, sharded: bool
+    loader: SeamLoader, tmp_path: Path, diffusers: ModuleType, sharded: bool
 ) -> None:
     """ZC-2b: every plain parameter whose file tensor fits (float32, contiguous) is adopted
     under the offload plan: its first byte maps the checkpoint file at that tensor's offset."""
     folder = tmp_path / "transformer"
     model: Any = WAN_DIT.build(seed=4)
     model.save_pretrained(str(folder), max_shard_size="1MB" if sharded else "10GB")
-    plan = loader.plan_for_component(
-        checkpoint_load_device=torch.device("cpu"),
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
+    plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, _ = loader.load_dit(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
     positions = tensor_positions(folder)
     stored = model.state_dict()

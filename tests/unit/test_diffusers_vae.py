@@ -32,7 +32,7 @@ from fakes.diffusers_vaes import (
     write_diffusers_vae,
 )
 from reference.extras import install_hint
-from reference.kit.adapter import PIPELINES, VAE_STREAM, LoaderAdapter
+from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
 from reference.platform import SYSTEM
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
@@ -95,7 +95,7 @@ CASES = [
 @pytest.mark.rule("VAE-1", "VAE-2", "VAE-3", "VAE-7", "VAE-8", "VAE-13")
 @pytest.mark.parametrize(("vae", "sharded", "file_dtype"), CASES)
 def test_diffusers_vae_streams_bit_identically_to_from_pretrained(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -138,7 +138,7 @@ def test_diffusers_vae_streams_bit_identically_to_from_pretrained(
 )
 @pytest.mark.parametrize("vae", [IMAGE_KL, VIDEO_WAN], ids=lambda v: v.class_name)
 def test_pipeline_vae_named_by_diffusers_loads_like_from_pretrained(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -168,7 +168,7 @@ def test_pipeline_vae_named_by_diffusers_loads_like_from_pretrained(
 @pytest.mark.rule("VAE-1", "VAE-13")
 @pytest.mark.reference_only("pins the reference's own diffusers resolution")
 def test_reference_resolution_streams_the_named_class_on_the_runtime_device(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
 ) -> None:
     """What the reference's VAE loader runs for an admitted direct request, on any device: the
     class model_index.json names, built from config.json on meta, then streamed."""
@@ -209,7 +209,7 @@ def meta_vaes(diffusers: ModuleType) -> Mapping[str, nn.Module]:
 @pytest.mark.capability(VAE_STREAM)
 @pytest.mark.rule("VAE-2", "VAE-3", "VAE-5", "VAE-6")
 def test_diffusers_vae_classes_use_the_standard_state_dict_abi(
-    loader: LoaderAdapter, meta_vaes: Mapping[str, nn.Module]
+    loader: SeamLoader, meta_vaes: Mapping[str, nn.Module]
 ) -> None:
     """Every VAE class diffusers ships (that builds from its defaults) passes the ABI rules on a
     meta build: no overrides or user hooks on any submodule, no ties, keys equal the slots."""
@@ -232,7 +232,7 @@ def non_persistent(module: nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.rule("VAE-9")
 @pytest.mark.parametrize("sharded", [False, True], ids=["single-file", "sharded"])
 def test_diffusers_vae_with_buffers_computed_in_init_streams_without_edits(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,

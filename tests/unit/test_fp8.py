@@ -27,8 +27,7 @@ from fakes.quant import (
     quant_method_factory,
 )
 from reference.errors import QuantizationLoadError
-from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter, PlanLike
-from reference.postload import OffloadOptions
+from reference.kit.seam import FP8_DEFER, PLANS, OffloadOptions, Plan, PlanLike, SeamLoader
 from reference.quantization import QuantizationSpec
 
 
@@ -47,7 +46,7 @@ from reference.quantization import QuantizationSpec
     ids=str,
 )
 def test_requires_device_weight_processing(
-    loader: LoaderAdapter, quantization: QuantizationSpec | None, expected: bool
+    loader: SeamLoader, quantization: QuantizationSpec | None, expected: bool
 ) -> None:
     """Online fp8/mxfp4 need the device; None and plain serialized checkpoints do not. Serialized
     modelopt_fp8 and unregistered methods are left free (upstream answers True / raises)."""
@@ -106,19 +105,23 @@ def is_on(device: torch.device, wanted: torch.device) -> bool:
 
 
 def quantized_offload_plan(
-    loader: LoaderAdapter, runtime_device: torch.device, spec: QuantizationSpec
+    loader: SeamLoader, runtime_device: torch.device, spec: QuantizationSpec
 ) -> PlanLike:
-    """The plan of a CPU-offloaded component under `spec`, derived the way a pipeline would."""
-    options = loader.offload_for_quantization(
-        OffloadOptions(component_cpu_offload=True, layerwise_offload=False), spec
+    """The plan of a CPU-offloaded component under online `spec`: it loads and is processed on
+    the runtime device (DEV-2, FP8-1), and its offload waits (PLAN-2). The plan rules are the
+    `plans` capability's own tests; this is the plan they pin, as the suite's value."""
+    del loader, spec
+    return Plan(
+        checkpoint_load_device=runtime_device,
+        weight_postprocess_device=runtime_device,
+        defer_cpu_offload=True,
     )
-    return loader.plan_for_component(
-        checkpoint_load_device=loader.resolve_checkpoint_load_device(
-            runtime_device, component_cpu_offload=options.component_cpu_offload, quantization=spec
-        ),
-        needs_device_weight_postprocess=loader.requires_device_weight_processing(spec),
-        component_cpu_offload=options.component_cpu_offload,
-    )
+
+
+def names_the_override(warning: str) -> bool:
+    """Whether a warning names the post-process device override (FP8-4)."""
+    text = warning.lower().replace("-", "").replace("_", "").replace(" ", "")
+    return "postprocess" in text
 
 
 @dataclass
@@ -162,7 +165,7 @@ def watch(
 @pytest.mark.capability(FP8_DEFER)
 @pytest.mark.parametrize(("spec", "method"), ONLINE)
 def test_offloaded_online_quantized_dit_loads_processes_then_offloads(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -195,7 +198,7 @@ def test_offloaded_online_quantized_dit_loads_processes_then_offloads(
 @pytest.mark.capability(FP8_DEFER)
 @pytest.mark.parametrize(("spec", "method"), ONLINE)
 def test_after_deferral_everything_is_on_cpu_bit_exact(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -241,7 +244,7 @@ def test_after_deferral_everything_is_on_cpu_bit_exact(
     ids=str,
 )
 def test_only_serialized_modelopt_fp8_switches_component_offload_off(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     spec: QuantizationSpec | None,
     *,
     offload: bool,
@@ -256,7 +259,7 @@ def test_only_serialized_modelopt_fp8_switches_component_offload_off(
 @pytest.mark.rule("FP8-4")
 @pytest.mark.capability(FP8_DEFER)
 def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     mocker: MockerFixture,
@@ -275,7 +278,9 @@ def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
             quantization=spec,
             fsdp=True,
         )
-    assert seen, "the override was dropped without a warning"
+    assert any(names_the_override(w) for w in seen), (
+        f"the override was dropped without a warning naming it; warnings: {seen}"
+    )
     assert report.plan.weight_postprocess_device is None
     assert report.plan.defer_cpu_offload is False
     assert [event[0] for event in timeline.events] == ["process"] * QUANTIZED_LAYERS  # no move
@@ -285,16 +290,16 @@ def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
 @pytest.mark.rule("FP8-4")
 @pytest.mark.capability(FP8_DEFER)
 def test_fsdp_with_nothing_to_drop_is_silent(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
-    plan = loader.default_plan(runtime_device)
+    plan = Plan(checkpoint_load_device=runtime_device)
     with warned(caplog) as seen:
         _, report = loader.load_dit(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS, fsdp=True)
-    assert seen == []
+    assert not any(names_the_override(w) for w in seen), seen  # other warnings are free
     assert (report.plan.weight_postprocess_device, report.plan.defer_cpu_offload) == (None, False)
     assert report.plan.checkpoint_load_device == plan.checkpoint_load_device
 
@@ -302,7 +307,7 @@ def test_fsdp_with_nothing_to_drop_is_silent(
 @pytest.mark.rule("FP8-5")
 @pytest.mark.capability(FP8_DEFER)
 def test_failed_quantization_raises_instead_of_falling_back(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     spec = QuantizationSpec("fp8")
     _, state = write_dit_checkpoint(tmp_path / "good")
@@ -327,7 +332,7 @@ def test_failed_quantization_raises_instead_of_falling_back(
 @pytest.mark.rule("FP8-5")
 @pytest.mark.capability(FP8_DEFER)
 def test_quantization_requested_but_model_unquantized_raises(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     spec = QuantizationSpec("fp8")
     path, _ = write_dit_checkpoint(tmp_path)

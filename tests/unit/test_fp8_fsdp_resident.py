@@ -15,7 +15,7 @@ import torch
 
 from fakes.dit import TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
-from reference.kit.adapter import FP8_DEFER, PLANS, LoaderAdapter
+from reference.kit.seam import FP8_DEFER, PLANS, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = [pytest.mark.capability(PLANS), pytest.mark.capability(FP8_DEFER)]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.capability(PLANS), pytest.mark.capability(FP8_DEFER)]
 
 @pytest.mark.rule("FP8-4")
 def test_fsdp_drops_the_post_process_device_of_a_resident_component(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,

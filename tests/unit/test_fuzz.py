@@ -37,7 +37,7 @@ from fakes.fuzz import FUZZ_SETTINGS, checkpoints, mutate, pairs_or_none, same_m
 from fakes.judge import assert_names, refusal
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 CPU = torch.device("cpu")
 CODES = {
@@ -93,7 +93,7 @@ def mixed_state() -> dict[str, torch.Tensor]:
     }
 
 
-def read_all(loader: LoaderAdapter, path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+def read_all(loader: SeamLoader, path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     """Every tensor at `path`, read through the adapter and checked against its listing."""
     listed = loader.inspect_checkpoint(path)
     got = {name: loader.read_checkpoint_tensor(path, name, device=device) for name in listed}
@@ -143,7 +143,7 @@ def assert_says_what_files_say(got: dict[str, torch.Tensor], folder: Path) -> No
 @FUZZ_SETTINGS
 @given(drawn=checkpoints())
 def test_valid_checkpoints_read_back_bit_exactly_and_stay_unwritten(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     drawn: tuple[dict[str, torch.Tensor], int, dict[str, str]],
 ) -> None:
@@ -167,7 +167,7 @@ def test_valid_checkpoints_read_back_bit_exactly_and_stay_unwritten(
 @FUZZ_SETTINGS
 @given(drawn=checkpoints(), data=st.data())
 def test_mutated_checkpoint_reads_exactly_or_names_the_file(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     drawn: tuple[dict[str, torch.Tensor], int, dict[str, str]],
     data: st.DataObject,
@@ -258,7 +258,7 @@ def test_shard_removed_after_open_fails_the_read_naming_it(
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX only")
 def test_named_pipe_in_place_of_a_shard_is_refused_without_blocking(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     pipe = tmp_path / "model.safetensors"
     os.mkfifo(pipe)
@@ -286,7 +286,7 @@ def test_named_pipe_in_place_of_a_shard_is_refused_without_blocking(
 
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
-def test_path_through_a_file_is_one_clear_error(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_path_through_a_file_is_one_clear_error(loader: SeamLoader, tmp_path: Path) -> None:
     inner = write_checkpoint(mixed_state(), tmp_path) / "model.safetensors"
     error = refusal(lambda: loader.inspect_checkpoint(inner), str(inner), error=CheckpointError)
     assert isinstance(error, CheckpointError)
@@ -296,7 +296,7 @@ def test_path_through_a_file_is_one_clear_error(loader: LoaderAdapter, tmp_path:
 @pytest.mark.rule("ZC-13", "CKPT-5")
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 def test_in_place_writes_to_read_tensors_never_reach_the_files(
-    loader: LoaderAdapter, tmp_path: Path, runtime_device: torch.device
+    loader: SeamLoader, tmp_path: Path, runtime_device: torch.device
 ) -> None:
     state = mixed_state()
     path = write_checkpoint(state, tmp_path, shards=2)

@@ -22,7 +22,9 @@ import torch
 from fakes.judge import refusal
 from reference.errors import CheckpointError
 from reference.header import MAX_HEADER_BYTES, read_header
-from reference.kit.adapter import LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
+
+pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 
 F32 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
 
@@ -35,7 +37,7 @@ def shard(path: Path, header: object, data: bytes = b"", *, header_len: int | No
     return path
 
 
-def refused(loader: LoaderAdapter, path: Path) -> CheckpointError:
+def refused(loader: SeamLoader, path: Path) -> CheckpointError:
     err = refusal(lambda: loader.inspect_checkpoint(path), path.name, error=CheckpointError)
     assert isinstance(err, CheckpointError)
     return err
@@ -64,7 +66,7 @@ def refused(loader: LoaderAdapter, path: Path) -> CheckpointError:
     ids=["no-tensors", "zero-length", "zero-dim-times-2**62", "no-metadata"],
 )
 def test_valid_edge_files_are_listed(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     tmp_path: Path,
     header: dict[str, Any],
     data: bytes,
@@ -88,7 +90,7 @@ INVALID_ENTRIES = [
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.parametrize("entry", INVALID_ENTRIES)
 def test_invalid_entries_are_refused_naming_the_tensor(
-    loader: LoaderAdapter, tmp_path: Path, entry: dict[str, Any]
+    loader: SeamLoader, tmp_path: Path, entry: dict[str, Any]
 ) -> None:
     path = shard(tmp_path / "bad.safetensors", {"weight_x": entry}, b"\0" * 4)
     refusal(lambda: loader.inspect_checkpoint(path), path.name, "weight_x", error=CheckpointError)
@@ -96,7 +98,7 @@ def test_invalid_entries_are_refused_naming_the_tensor(
 
 @pytest.mark.rule("CKPT-4")
 def test_2_to_the_63_elements_are_refused_even_when_empty(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     """torch counts elements in int64: a zero-sized dim does not make 2**63 others fit."""
     entry = {"dtype": "U8", "shape": [0, 2**63], "data_offsets": [0, 0]}
@@ -109,7 +111,7 @@ def test_2_to_the_63_elements_are_refused_even_when_empty(
     "metadata", [{"format": 1}, {"1": ["pt"]}, "pt", ["format", "pt"]], ids=repr
 )
 def test_metadata_that_is_not_string_to_string_is_refused(
-    loader: LoaderAdapter, tmp_path: Path, metadata: object
+    loader: SeamLoader, tmp_path: Path, metadata: object
 ) -> None:
     path = shard(tmp_path / "meta.safetensors", {"__metadata__": metadata, "w": F32}, b"\0" * 4)
     err = refused(loader, path)
@@ -117,14 +119,14 @@ def test_metadata_that_is_not_string_to_string_is_refused(
 
 
 @pytest.mark.rule("CKPT-4")
-def test_header_length_near_two_to_the_64_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_header_length_near_two_to_the_64_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     """A length with the top bit set is huge, never negative."""
     path = shard(tmp_path / "neg.safetensors", {"w": F32}, b"\0" * 4, header_len=2**64 - 1)
     refused(loader, path)
 
 
 @pytest.mark.rule("CKPT-4")
-def test_a_path_under_a_file_is_refused(loader: LoaderAdapter, tmp_path: Path) -> None:
+def test_a_path_under_a_file_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     parent = tmp_path / "plain.txt"
     parent.write_text("not a folder")
     refusal(

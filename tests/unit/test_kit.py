@@ -1,4 +1,5 @@
-"""The conformance kit: choosing the loader under test, expectations, the merged matrix.
+"""The conformance kit: choosing the loader under test, the seam it is reached through, failure
+lines, expectations, the merged matrix.
 
 The plugin tests run this repository's conftest against a tiny suite in a temporary directory
 (pytester, in process) and assert on outcomes, messages and the JSON report.
@@ -12,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from reference.kit.adapter import PLANS
 from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.seam import PLANS
 from reference.kit.selection import (
-    DEFAULT_SOURCE,
     ENTRY_POINT_GROUP,
     ENV_VAR,
     SelectionError,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.internal
 PLUGIN = "reference.kit.plugin"
 
 ADAPTERS = """
-from reference.kit.adapter import PLANS, VAE_STREAM, ZERO_COPY
+from reference.kit.seam import PLANS, VAE_STREAM, ZERO_COPY
 
 class Good:
     name = "good"
@@ -54,7 +54,7 @@ INSTANCE = PlansOnly()
 
 SUITE = """
 import pytest
-from reference.kit.adapter import PLANS, ZERO_COPY
+from reference.kit.seam import PLANS, ZERO_COPY
 
 @pytest.mark.rule("PLAN-1")
 @pytest.mark.capability(PLANS)
@@ -110,7 +110,7 @@ def test_unresolvable_loader_is_a_usage_error_naming_the_three_ways(kit: pytest.
     assert (
         "cannot use loader 'no.such:thing' (from --loader): cannot import module 'no.such'" in err
     )
-    for way in ("--loader=package.module:attr", "--loader=NAME", f"{ENV_VAR}=SPEC", "neither"):
+    for way in ("--loader=package.module:attr", "--loader=NAME", f"{ENV_VAR}=SPEC"):
         assert way in err
     assert "passed" not in result.stdout.str()
 
@@ -140,10 +140,29 @@ def test_header_names_adapter_how_chosen_capabilities_and_device(kit: pytest.Pyt
     result.assert_outcomes(passed=4)
 
 
-def test_option_beats_environment_beats_default(
-    kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("workers", [0, 2], ids=["serial", "xdist"])
+def test_without_a_chosen_loader_contract_tests_are_a_usage_error(
+    kit: pytest.Pytester, workers: int
 ) -> None:
-    run(kit).stdout.fnmatch_lines([f"loader under test: reference, {DEFAULT_SOURCE}"])
+    """Nothing is judged by default: a run that collects a contract test without --loader or
+    the variable stops before any test runs, listing the three ways (CI that forgets the flag
+    goes red, not green)."""
+    if workers:
+        pytest.importorskip("xdist")
+    result = run(kit, *(["-p", "xdist", "-n", str(workers)] if workers else []))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stdout.str() + result.stderr.str()
+    assert "no loader under test was chosen" in text
+    for way in ("--loader=package.module:attr", "--loader=NAME", f"{ENV_VAR}=SPEC"):
+        assert way in text
+    assert "passed" not in result.stdout.str()
+    assert run(kit, "--conformance-report=r.json", "-m", "internal").ret == (
+        pytest.ExitCode.USAGE_ERROR
+    )
+    assert not (kit.path / "r.json").exists()
+
+
+def test_option_beats_environment(kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, "tinyloaders:INSTANCE")
     run(kit).stdout.fnmatch_lines([f"loader under test: plans-only, chosen by {ENV_VAR}=*"])
     result = run(kit, "--loader=tinyloaders:Good")
@@ -206,7 +225,9 @@ def test_no_contract_test_collected_is_an_error_when_judging(kit: pytest.Pyteste
     result = run(kit, "-m", "internal", "--loader=tinyloaders:Good")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "no contract test was collected (1 test(s) selected" in result.stderr.str()
-    result = run(kit, "-k", "nothing_matches", "--conformance-report=r.json")
+    result = run(
+        kit, "-k", "nothing_matches", "--conformance-report=r.json", "--loader=tinyloaders:Good"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert not (kit.path / "r.json").exists()
     # Without a loader, expectations or report to produce, a run of internal tests is fine.
@@ -219,8 +240,8 @@ def test_a_run_of_other_tests_gets_no_conformance_section(kit: pytest.Pytester) 
     quiet = run(kit, "-m", "internal")
     assert quiet.ret == pytest.ExitCode.OK
     assert not re.search(r"=+ conformance =+", quiet.stdout.str())
-    judged = run(kit, "-k", "plan_one")
-    judged.stdout.fnmatch_lines(["*= conformance =*", "reference@cpu: *"])
+    judged = run(kit, "-k", "plan_one", "--loader=tinyloaders:Good")
+    judged.stdout.fnmatch_lines(["*= conformance =*", "good@cpu: *"])
 
 
 def test_collection_errors_are_not_masked(kit: pytest.Pytester) -> None:
@@ -292,10 +313,10 @@ def test_pair(loader):
 
 def test_unknown_rule_in_expectations_is_a_usage_error(kit: pytest.Pytester) -> None:
     kit.path.joinpath("known.txt").write_text("PLAN-2: fine\nZC-99: no such rule\n")
-    result = run(kit, "--expectations=known.txt")
+    result = run(kit, "--expectations=known.txt", "--loader=tinyloaders:Good")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "known.txt:2: 'ZC-99' is not a rule of the catalogue" in result.stderr.str()
-    result = run(kit, "--expectations=missing.txt")
+    result = run(kit, "--expectations=missing.txt", "--loader=tinyloaders:Good")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "cannot read expectations file missing.txt" in result.stderr.str()
 
@@ -328,14 +349,10 @@ def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
     assert resolve_spec(f"{__name__}:Named.Inner", origin="x").name == "inner"
     instance = Named()
     assert check_adapter(instance) is instance
-    selection = select_adapter(option=None, environ={ENV_VAR: ""})
-    assert (selection.how, selection.explicit, selection.source) == (
-        "default",
-        False,
-        DEFAULT_SOURCE,
-    )
-    assert isinstance(selection.adapter, ReferenceAdapter)
+    assert select_adapter(option=None, environ={ENV_VAR: ""}) is None  # no default
+    assert isinstance(resolve_spec("reference", origin="x"), ReferenceAdapter)
     selection = select_adapter(option=None, environ={ENV_VAR: f"{__name__}:Named"})
+    assert selection is not None
     assert (selection.how, selection.spec, selection.adapter.name) == (
         "environment",
         f"{__name__}:Named",
@@ -346,7 +363,7 @@ def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("reference.kit.adapter:", "expected package.module:attr with both parts non-empty"),
+        ("reference.kit.seam:", "expected package.module:attr with both parts non-empty"),
         (
             f"{__name__}:broken_factory",
             "calling it with no arguments raised RuntimeError: needs a GPU",
@@ -419,7 +436,7 @@ def test_reference_only_tests_skip_and_credit_nothing_for_another_loader(
 
 def test_reference_only_tests_judge_the_reference(kit: pytest.Pytester) -> None:
     kit.makepyfile(test_only=REFERENCE_ONLY)
-    result, report = report_of(kit, "test_only.py")
+    result, report = report_of(kit, "test_only.py", "--loader=reference")
     result.assert_outcomes(passed=2)
     assert report["rules"]["PLAN-3"]["status"] == "passed"
 
@@ -440,7 +457,15 @@ def test_a_distributed_run_reports_what_a_serial_run_does(kit: pytest.Pytester) 
 def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     result = run(
-        kit, "-k", "nothing_matches", "--conformance-report=r.json", "-p", "xdist", "-n", "2"
+        kit,
+        "-k",
+        "nothing_matches",
+        "--conformance-report=r.json",
+        "--loader=tinyloaders:Good",
+        "-p",
+        "xdist",
+        "-n",
+        "2",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert not (kit.path / "r.json").exists()
@@ -450,10 +475,106 @@ def test_the_old_import_paths_still_name_the_kit_objects() -> None:
     """Adopters import the seam from reference.adapter and name reference.baseline in --loader."""
     import reference.adapter
     import reference.baseline
-    import reference.kit.adapter
     import reference.kit.baseline
+    import reference.kit.seam
 
-    assert reference.adapter.LoaderAdapter is reference.kit.adapter.LoaderAdapter
-    assert reference.adapter.ALL_CAPABILITIES is reference.kit.adapter.ALL_CAPABILITIES
+    assert reference.adapter.LoaderAdapter is reference.kit.seam.LoaderAdapter
+    assert reference.adapter.ALL_CAPABILITIES is reference.kit.seam.ALL_CAPABILITIES
     assert resolve_spec("reference.baseline:PlainAssign", origin="x").name == "plain-assign"
     assert reference.baseline.PlainAssign is reference.kit.baseline.PlainAssign
+
+
+# --- the seam, and what a failure says ---------------------------------------------------------
+
+SEAM = """
+import pytest
+import torch
+from reference.kit.seam import PLANS, VAE_STREAM
+
+@pytest.mark.rule("PLAN-1")
+@pytest.mark.capability(PLANS)
+def test_reaches_another_capability(loader):
+    loader.load_vae(None, None, device=torch.device("cpu"))
+
+@pytest.mark.rule("PLAN-2")
+@pytest.mark.capability(PLANS)
+@pytest.mark.parametrize("row", ["no-post-process-device"])
+def test_fails_saying_what(loader, row):
+    assert loader.plan_two_ok, "expected a deferred plan; the loader made none"
+
+@pytest.mark.rule("PLAN-4")
+@pytest.mark.capability(PLANS)
+def test_tensors_differ(loader):
+    got, handed = torch.arange(100000.0), torch.zeros(100000)
+    assert got is handed
+
+@pytest.mark.rule("DEV-1")
+@pytest.mark.capability(PLANS)
+def test_passes(loader):
+    assert loader.name
+"""
+
+
+def test_a_call_outside_the_tests_capabilities_is_a_suite_defect(kit: pytest.Pytester) -> None:
+    """A test reaches the loader only through the methods of its own capabilities: a call to
+    another capability's method fails the test naming the method and the capability, blames no
+    rule of the loader, and fails the run."""
+    kit.makepyfile(test_seam=SEAM)
+    result, report = report_of(
+        kit, "test_seam.py", "-k", "another or passes", "--loader=tinyloaders:Good"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*SUITE DEFECT: test_seam.py::test_reaches_another_capability: the test calls load_vae,"
+            " a method of capability vae_stream, but is marked with plans*"
+        ]
+    )
+    assert report["rules"]["PLAN-1"]["status"] == "untested"
+    assert report["rules"]["DEV-1"]["status"] == "passed"
+
+
+def test_a_failure_is_one_line_rule_first_and_the_report_keeps_it(kit: pytest.Pytester) -> None:
+    kit.makepyfile(test_seam=SEAM)
+    result, report = report_of(
+        kit, "test_seam.py", "-k", "saying or differ", "--loader=tinyloaders:PlansOnly"
+    )
+    out = result.stdout.str()
+    line = (
+        "PLAN-2: fails saying what [no-post-process-device]: expected a deferred plan; the"
+        " loader made none"
+    )
+    assert line in out
+    assert report["rules"]["PLAN-2"]["failures"] == [
+        {"test": "test_seam.py::test_fails_saying_what[no-post-process-device]", "reason": line}
+    ]
+    assert report["rules"]["PLAN-2"]["reason"] == line
+    tensors = report["rules"]["PLAN-4"]["reason"]
+    assert tensors.startswith("PLAN-4: tensors differ: ")
+    assert "Tensor(torch.float32, (100000,), cpu)" in tensors
+    assert len(tensors) < 400
+    assert "99999" not in out  # no tensor printed whole
+    assert "Traceback" not in out
+
+
+def test_a_ctrl_c_ends_with_pytests_summary_and_no_false_diagnosis(kit: pytest.Pytester) -> None:
+    kit.makepyfile(
+        test_interrupt="""
+import pytest
+from reference.kit.seam import PLANS
+
+@pytest.mark.rule("PLAN-1")
+@pytest.mark.capability(PLANS)
+def test_interrupted(loader):
+    raise KeyboardInterrupt
+"""
+    )
+    # In a subprocess: the interrupt must not reach the pytest running this test.
+    result = kit.runpytest_subprocess(
+        "-p", "no:cacheprovider", "test_interrupt.py", "--loader=tinyloaders:Good"
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    text = result.stdout.str() + result.stderr.str()
+    assert "KeyboardInterrupt" in text
+    assert "no contract test was collected" not in text
+    assert "-k / -m" not in text

@@ -27,7 +27,7 @@ from fakes.load_paths import (
 )
 from fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
 from reference.errors import CheckpointError
-from reference.kit.adapter import CHECKPOINT_SAFETY, LoaderAdapter
+from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = [pytest.mark.rule("CKPT-1"), pytest.mark.capability(CHECKPOINT_SAFETY)]
 
@@ -69,7 +69,7 @@ def judge(case: PickleCase, load: object, *, error: type[Exception] = ValueError
 @pytest.mark.parametrize("case", sorted(PICKLE_CASES))
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
 def test_pickle_is_never_unpickled_on_any_loading_path(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -90,7 +90,7 @@ def test_pickle_is_never_unpickled_on_any_loading_path(
 @pytest.mark.parametrize("case", sorted(PICKLE_CASES))
 @pytest.mark.parametrize("component", IN_PIPELINES)
 def test_pickle_in_a_pipeline_is_never_unpickled(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,
@@ -111,7 +111,7 @@ def test_pickle_in_a_pipeline_is_never_unpickled(
 
 @pytest.mark.parametrize("case", sorted(PICKLE_CASES))
 def test_inspection_and_reads_never_unpickle(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     sealed: Seal,

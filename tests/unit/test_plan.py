@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fakes.judge import refusal
-from reference.kit.adapter import PLANS, LoaderAdapter, PlanLike
+from reference.kit.seam import PLANS, PlanLike, SeamLoader
 
 pytestmark = pytest.mark.capability(PLANS)
 
@@ -32,7 +32,7 @@ def fields_of(plan: PlanLike) -> tuple[object, ...]:
 
 
 @pytest.mark.rule("PLAN-1")
-def test_plan_is_frozen(loader: LoaderAdapter) -> None:
+def test_plan_is_frozen(loader: SeamLoader) -> None:
     plan = loader.plan_for_component(
         checkpoint_load_device=ACCEL,
         needs_device_weight_postprocess=True,
@@ -61,7 +61,7 @@ def test_plan_is_a_value() -> None:
 @pytest.mark.parametrize("needs_post", [False, True])
 @pytest.mark.parametrize("offload", [False, True])
 def test_for_component_derives_fields(
-    loader: LoaderAdapter, device: torch.device, needs_post: bool, offload: bool
+    loader: SeamLoader, device: torch.device, needs_post: bool, offload: bool
 ) -> None:
     plan = loader.plan_for_component(
         checkpoint_load_device=device,
@@ -76,9 +76,7 @@ def test_for_component_derives_fields(
 
 @pytest.mark.rule("PLAN-2")
 @pytest.mark.parametrize("device", [ACCEL, OTHER], ids=str)
-def test_for_component_passes_direct_flag_through(
-    loader: LoaderAdapter, device: torch.device
-) -> None:
+def test_for_component_passes_direct_flag_through(loader: SeamLoader, device: torch.device) -> None:
     plan = loader.plan_for_component(
         checkpoint_load_device=device,
         needs_device_weight_postprocess=True,
@@ -89,7 +87,7 @@ def test_for_component_passes_direct_flag_through(
 
 
 @pytest.mark.rule("PLAN-2")
-def test_for_component_is_keyword_only(loader: LoaderAdapter) -> None:
+def test_for_component_is_keyword_only(loader: SeamLoader) -> None:
     with pytest.raises(TypeError):
         loader.plan_for_component(ACCEL, False, False)  # type: ignore[misc]
 
@@ -137,7 +135,7 @@ CONTRADICTIONS = [
 @pytest.mark.rule("PLAN-3")
 @pytest.mark.parametrize(("fields", "field"), CONTRADICTIONS)
 def test_contradictory_plans_are_refused(
-    loader: LoaderAdapter, fields: dict[str, object], field: str
+    loader: SeamLoader, fields: dict[str, object], field: str
 ) -> None:
     refusal(lambda: loader.make_plan(**fields), field)  # type: ignore[arg-type]
 
@@ -156,7 +154,7 @@ def test_contradictory_plans_raise_plan_error(fields: dict[str, object], field: 
 @pytest.mark.rule("PLAN-3")
 @pytest.mark.parametrize("device", [ACCEL, OTHER], ids=str)
 def test_for_component_refuses_direct_with_deferral(
-    loader: LoaderAdapter, device: torch.device
+    loader: SeamLoader, device: torch.device
 ) -> None:
     refusal(
         lambda: loader.plan_for_component(
@@ -184,7 +182,7 @@ def test_for_component_refuses_direct_with_deferral(
     ids=["defer", "defer-other", "defer-cpu", "post-cpu", "direct", "direct-post", "plain-cpu"],
 )
 def test_consistent_explicit_plans_are_accepted(
-    loader: LoaderAdapter, fields: dict[str, object]
+    loader: SeamLoader, fields: dict[str, object]
 ) -> None:
     plan = loader.make_plan(**fields)  # type: ignore[arg-type]
     assert fields_of(plan) == tuple(fields.values())
@@ -193,7 +191,7 @@ def test_consistent_explicit_plans_are_accepted(
 @pytest.mark.rule("PLAN-4")
 @pytest.mark.parametrize("device", [ACCEL, OTHER, torch.device("cuda")], ids=str)
 def test_default_plan(
-    loader: LoaderAdapter, runtime_device: torch.device, device: torch.device
+    loader: SeamLoader, runtime_device: torch.device, device: torch.device
 ) -> None:
     # Accelerators too: in the CPU tier the runtime device is cpu, which a CPU-only default
     # would match.

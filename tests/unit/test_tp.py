@@ -33,7 +33,7 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.adapter import TENSOR_PARALLEL, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.kit.seam import TENSOR_PARALLEL, ZERO_COPY, Plan, PlanLike, SeamLoader
 from reference.kit.selection import select_adapter
 
 pytestmark = [pytest.mark.capability(TENSOR_PARALLEL), pytest.mark.capability(ZERO_COPY)]
@@ -42,15 +42,11 @@ WORLD = 2
 CPU = torch.device("cpu")
 
 
-def offload_plan(loader: LoaderAdapter, runtime_device: torch.device) -> PlanLike:
-    """An unquantized CPU-offloaded DiT: it loads on CPU, so only ZC-5 can refuse the linears."""
-    return loader.plan_for_component(
-        checkpoint_load_device=loader.resolve_checkpoint_load_device(
-            runtime_device, component_cpu_offload=True, quantization=None
-        ),
-        needs_device_weight_postprocess=False,
-        component_cpu_offload=True,
-    )
+def offload_plan(loader: SeamLoader, runtime_device: torch.device) -> PlanLike:
+    """An unquantized CPU-offloaded DiT: it loads on CPU (DEV-1), so only ZC-5 can refuse the
+    linears."""
+    del loader, runtime_device
+    return Plan(checkpoint_load_device=CPU)
 
 
 def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -124,7 +120,7 @@ def check_rank(
 
 
 def tp_load(
-    loader: LoaderAdapter, runtime_device: torch.device, path: Path, rank: int
+    loader: SeamLoader, runtime_device: torch.device, path: Path, rank: int
 ) -> tuple[nn.Module, dict[str, str]]:
     """Load `rank` of a TP=2 TinyDiT; the module and the report's reason for each copy."""
     module, report = loader.load_dit(
@@ -139,7 +135,7 @@ def tp_load(
 @pytest.mark.rule("ZC-5", "ZC-10")
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_each_rank_holds_exactly_its_slice(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, rank: int
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path)
     module, _ = tp_load(loader, runtime_device, path, rank)
@@ -149,7 +145,7 @@ def test_each_rank_holds_exactly_its_slice(
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_each_rank_adopts_what_it_holds_whole(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, rank: int
 ) -> None:
     """Replicated linears and plain torch parameters (norms, the time embedding) are the same on
     every rank: a TP rank adopts them from the file like a TP=1 load."""
@@ -166,7 +162,7 @@ def test_each_rank_adopts_what_it_holds_whole(
 @pytest.mark.rule("ZC-14")
 @pytest.mark.parametrize("rank", range(WORLD))
 def test_each_rank_reports_why_it_copied(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, rank: int
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, rank: int
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
     module, copies = tp_load(loader, runtime_device, path, rank)
@@ -219,7 +215,7 @@ def run_rank(
 
 @pytest.mark.rule("ZC-5", "ZC-10")
 def test_tp2_over_torch_distributed(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     request: pytest.FixtureRequest,

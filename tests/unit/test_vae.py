@@ -56,7 +56,7 @@ from reference.errors import (
     StateDictABIError,
     StateMismatchError,
 )
-from reference.kit.adapter import VAE_STREAM, LoaderAdapter
+from reference.kit.seam import VAE_STREAM, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
@@ -111,7 +111,7 @@ def _video(device: torch.device) -> torch.Tensor:
 
 
 @pytest.fixture
-def evidence(loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path) -> None:
+def evidence(loader: SeamLoader, runtime_device: torch.device, tmp_path: Path) -> None:
     """Tests judged by what the process read skip, uncredited, where it cannot be seen.
 
     A small load runs first, so that what a loader does once per process (lazy imports: a meta
@@ -181,7 +181,7 @@ def refused_before_reading(
 @pytest.mark.rule("VAE-1", "VAE-13")
 @pytest.mark.parametrize("shards", [1, 2])
 def test_streams_into_a_meta_built_module_each_slot_its_own_tensor(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, shards: int
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, shards: int
 ) -> None:
     state = _state()
     path = write_vae_checkpoint(state, tmp_path, shards=shards)
@@ -206,7 +206,7 @@ def test_streams_into_a_meta_built_module_each_slot_its_own_tensor(
 @pytest.mark.rule("VAE-1")
 @pytest.mark.parametrize("shards", [1, 3])
 def test_stream_never_holds_a_full_state_dict(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -236,7 +236,7 @@ def test_stream_never_holds_a_full_state_dict(
 
 @pytest.mark.rule("VAE-1", "VAE-13")
 def test_streamed_vae_decodes_bit_identically_to_an_ordinary_load(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     state = _state(seed=1)
     path = write_vae_checkpoint(state, tmp_path)
@@ -268,7 +268,7 @@ ROOT_VIOLATIONS = [
 @pytest.mark.rule("VAE-2")
 @pytest.mark.parametrize(("cls", "function"), ROOT_VIOLATIONS)
 def test_root_with_nonstandard_state_dict_functions_is_refused_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -308,7 +308,7 @@ SUBMODULE_VIOLATIONS = [
 @pytest.mark.rule("VAE-3")
 @pytest.mark.parametrize(("cls", "where", "what"), SUBMODULE_VIOLATIONS)
 def test_user_overrides_and_hooks_anywhere_are_refused_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -352,7 +352,7 @@ def test_user_overrides_and_hooks_anywhere_are_refused_before_reading(
     ],
 )
 def test_reference_words_abi_refusals(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     cls: type[StandardVAE],
@@ -367,7 +367,7 @@ def test_reference_words_abi_refusals(
 
 @pytest.mark.rule("VAE-3", "VAE-4")
 def test_torch_shipped_overrides_and_hooks_count_as_standard(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     with torch.device("meta"):
         model = StandardVAE(CONFIG)
@@ -390,7 +390,7 @@ def test_torch_shipped_overrides_and_hooks_count_as_standard(
 
 
 @pytest.mark.rule("VAE-4")
-def test_slots_are_parameters_and_persistent_buffers_only(loader: LoaderAdapter) -> None:
+def test_slots_are_parameters_and_persistent_buffers_only(loader: SeamLoader) -> None:
     with torch.device("meta"):
         model = StandardVAE(CONFIG)
     expected = {name for name, _ in model.named_parameters()} | {
@@ -407,7 +407,7 @@ def test_slots_are_parameters_and_persistent_buffers_only(loader: LoaderAdapter)
 
 @pytest.mark.rule("VAE-4")
 def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     evidence: None,
@@ -424,7 +424,7 @@ def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
 
 @pytest.mark.rule("VAE-4")
 def test_lazy_parameters_are_refused_by_name(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     refusal(
@@ -435,7 +435,7 @@ def test_lazy_parameters_are_refused_by_name(
 
 @pytest.mark.rule("VAE-5")
 def test_state_dict_keys_that_are_not_slots_are_refused_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -450,7 +450,7 @@ def test_state_dict_keys_that_are_not_slots_are_refused_before_reading(
 
 @pytest.mark.rule("VAE-5")
 def test_parameters_registered_after_construction_by_a_hook_are_refused(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     refusal(
@@ -462,7 +462,7 @@ def test_parameters_registered_after_construction_by_a_hook_are_refused(
 @pytest.mark.rule("VAE-5")
 @pytest.mark.reference_only("the reference's wording of key differences")
 def test_reference_lists_key_differences(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
@@ -500,7 +500,7 @@ def test_reference_lists_key_differences(
     ids=["tied-parameters", "shared-submodule", "tied-buffers", "tied-before-registration"],
 )
 def test_tied_state_is_refused_naming_the_entries_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -519,7 +519,7 @@ def test_tied_state_is_refused_naming_the_entries_before_reading(
 @pytest.mark.rule("VAE-6")
 @pytest.mark.reference_only("the reference's wording of tied entries")
 def test_reference_words_tied_groups(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(SharedModuleVAE), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
@@ -546,7 +546,7 @@ def big_state() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("target", sorted(TARGETS))
 @pytest.mark.parametrize("defect", ["unknown", "wrong_shape", "duplicate"])
 def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_by_name(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     big_state: dict[str, torch.Tensor],
@@ -578,7 +578,7 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_by_name(
     ],
 )
 def test_reference_words_tensor_refusals(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     defect: str,
@@ -608,7 +608,7 @@ CONVERSIONS = [
 @pytest.mark.parametrize("shards", [1, 2])
 @pytest.mark.parametrize(("cls", "name", "file_dtype"), CONVERSIONS)
 def test_dtype_difference_is_converted_to_the_slot_dtype(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     *,
@@ -645,7 +645,7 @@ def test_dtype_difference_is_converted_to_the_slot_dtype(
 @pytest.mark.rule("VAE-7")
 @pytest.mark.reference_only("the reference's reason strings (ZC-14 style records)")
 def test_reference_records_each_conversion(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     bad = write_defective_vae_checkpoint("dtype", _state(), tmp_path, shards=1)
     _, report = loader.load_vae(RecordingBuild(), bad.path, device=runtime_device)
@@ -661,7 +661,7 @@ def test_reference_records_each_conversion(
     ids=["parameter", "buffer", "integer-buffer"],
 )
 def test_missing_slots_are_refused_by_name_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     big_state: dict[str, torch.Tensor],
@@ -681,7 +681,7 @@ def test_missing_slots_are_refused_by_name_before_reading(
 @pytest.mark.rule("VAE-8")
 @pytest.mark.reference_only("the reference's wording and error class of missing slots")
 def test_reference_words_missing_slots(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     bad = write_defective_vae_checkpoint("missing", _state(), tmp_path)
     with pytest.raises(StateMismatchError, match=rf"lacks tensors for these slots: {bad.name}\."):
@@ -690,7 +690,7 @@ def test_reference_words_missing_slots(
 
 @pytest.mark.rule("VAE-8")
 def test_nothing_is_left_on_meta(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
@@ -709,7 +709,7 @@ def test_nothing_is_left_on_meta(
     ids=["hook-on-a-real-buffer", "explicit-device", "computed-in-init", "meta-then-hook"],
 )
 def test_non_persistent_buffers_hold_their_constructed_values(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, cls: type[StandardVAE]
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, cls: type[StandardVAE]
 ) -> None:
     """After a direct load each buffer equals an ordinary construction's: the table computed in
     `__init__` (a plain meta build leaves it on meta, and nothing rebuilds it) must be built
@@ -739,7 +739,7 @@ def test_non_persistent_buffers_hold_their_constructed_values(
 
 @pytest.mark.rule("VAE-9")
 def test_buffer_nothing_can_rebuild_is_refused_after_the_build_before_reading(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,
@@ -761,7 +761,7 @@ def test_buffer_nothing_can_rebuild_is_refused_after_the_build_before_reading(
 @pytest.mark.rule("VAE-9")
 @pytest.mark.reference_only("the reference's wording: it suggests dropping the direct flag")
 def test_reference_refusal_of_unrebuildable_buffers_says_what_to_do(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
@@ -793,7 +793,7 @@ def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
 
 @pytest.mark.rule("VAE-10")
 def test_requires_grad_is_kept_and_never_set_on_float8_or_integer(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
@@ -815,7 +815,7 @@ def test_requires_grad_is_kept_and_never_set_on_float8_or_integer(
 
 @pytest.mark.rule("VAE-10")
 def test_integer_parameters_never_require_grad(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     state = _state(IntegerParameterVAE)
     state["decoder.codes"] = (torch.arange(CONFIG.hidden) * 3 + 1).to(torch.int32)
@@ -835,7 +835,7 @@ def test_integer_parameters_never_require_grad(
 @pytest.mark.parametrize("decode_dtype", [None, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("channels_last_3d", [False, True])
 def test_layout_and_decode_dtype_policy_match_the_ordinary_path(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     tmp_path: Path,
     decode_dtype: torch.dtype | None,
@@ -870,7 +870,7 @@ def test_layout_and_decode_dtype_policy_match_the_ordinary_path(
 @pytest.mark.rule("VAE-11")
 @pytest.mark.reference_only("the reference's report events")
 def test_reference_reports_the_policy_steps(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     _, report = loader.load_vae(
@@ -881,7 +881,7 @@ def test_reference_reports_the_policy_steps(
 
 @pytest.mark.rule("VAE-11")
 def test_decode_dtype_on_a_vae_without_the_hook_is_refused(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
     refusal(
@@ -895,7 +895,7 @@ def test_decode_dtype_on_a_vae_without_the_hook_is_refused(
 @pytest.mark.rule("VAE-11")
 @pytest.mark.reference_only("the reference's wording and error class")
 def test_reference_words_the_decode_dtype_refusal(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
     with pytest.raises(ArgumentError, match=r"decode_dtype=torch\.bfloat16.*prepare_decode_dtype"):
@@ -919,7 +919,7 @@ def test_reference_words_the_decode_dtype_refusal(
     ids=["config-quantized", "checkpoint-metadata-quantized", "quantization-request", "auto-map"],
 )
 def test_quantized_or_custom_code_vae_is_refused_without_fallback(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     runtime_device: torch.device,
     big_checkpoints: Callable[..., Path],
     evidence: None,

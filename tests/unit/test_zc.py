@@ -1,4 +1,4 @@
-"""ZC-1..8, ZC-2b, DG-5: the zero-copy truth table, asked and loaded.
+"""ZC-1..8, ZC-2b, ZC-2c, DG-5: the zero-copy truth table, asked and loaded.
 
 Every row is one load that differs from an adopting load in exactly one condition. It is judged
 twice: by the loader's predicate (`zero_copy_verdict`: only `adopt` is judged) and by a real
@@ -7,9 +7,14 @@ the loader (same memory) with requires_grad False, though the module was built w
 requires_grad True; *copied* means a fresh allocation holding the handed values (converted to the
 parameter's dtype). Only the ZC-14 tests read the report's reasons.
 
+A parameter with a `weight_loader` (the serving stack's linears) is judged by ZC-1..8; one
+without (`torch.nn.Linear`, the "plain" base) by ZC-2b and ZC-2c only: its rows count toward
+those two rules, never toward ZC-1..8 (SPEC, ZC).
+
 Rows run in ordinary mode (tensors on CPU, ZC-1) and in direct mode (tensors on the load device,
-DG-5; ZC-2..8 unchanged). In the CPU tier the direct device is `meta`, the one non-CPU device a
-CPU machine has: there "same memory" is the same storage, and values are not compared.
+DG-5; ZC-2..8 unchanged). The direct device is the runtime device: `cpu` in the CPU tier, where
+the predicate is asked with `direct_device=cpu` and direct *loads* are left to the GPU tier (a
+direct plan with a CPU load device is a contradiction, PLAN-3).
 """
 
 from __future__ import annotations
@@ -32,13 +37,12 @@ from fakes.layers import (
     default_weight_loader,
 )
 from fakes.quant import OnlineFp8LinearMethod
-from reference.kit.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader
 from reference.report import LoadReport
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
 
 CPU = torch.device("cpu")
-META = torch.device("meta")
 IN, OUT = 4, 6
 LAYERS: dict[str, type[nn.Module]] = {
     "replicated": ReplicatedLinear,
@@ -53,8 +57,14 @@ FLAGS = ("is_metadata", "is_sharded_weight", "needs_scalar_to_array")
 
 @pytest.fixture
 def direct_device(runtime_device: torch.device) -> torch.device:
-    """Where direct mode loads: the runtime device, or `meta` when that is the CPU."""
-    return runtime_device if runtime_device.type != "cpu" else META
+    """Where direct mode loads: the runtime device."""
+    return runtime_device
+
+
+def needs_accelerator(device: torch.device, what: str) -> None:
+    """Skip in the CPU tier: `what` needs a device other than the CPU (the GPU tier runs it)."""
+    if device.type == "cpu":
+        pytest.skip(f"{what} needs a device other than the CPU: the gpu tier runs this case")
 
 
 # --- one load: a one-layer module built on meta and the tensor handed for its weight ------------
@@ -257,7 +267,12 @@ def other_layout(p: Probe) -> None:
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the truth table: what changes, the rule it touches, the answer, which layers."""
+    """One row of the truth table: what changes, the rule it touches, the answer, which layers.
+
+    `plain_rule` is the rule the row pins for a parameter without weight_loader: ZC-2b (it takes
+    the tensor, converted where the dtype differs) or ZC-2c (adopted only as an exact Parameter
+    with no flag and the same layout and strides).
+    """
 
     rule: str
     what: str
@@ -265,6 +280,10 @@ class Row:
     adopt: bool
     bases: tuple[str, ...] = tuple(LAYERS)
     loadable: bool = True  # False: a load cannot take it (it raises instead: ZC-10)
+    plain_rule: str = "ZC-2c"
+
+    def rule_for(self, base: str) -> str:
+        return self.plain_rule if base == PLAIN else self.rule
 
 
 TRUTHY = (True, 1, "yes")
@@ -306,21 +325,23 @@ ROWS: list[Row] = [
         for name in FLAGS
         for value in FALSY
     ),
-    Row("ZC-8", "shape", other_shape, False, BASES, loadable=False),
+    Row("ZC-8", "shape", other_shape, False, BASES, loadable=False, plain_rule="ZC-2b"),
     Row("ZC-8", "layout", other_layout, False, BASES, loadable=False),
-    Row(
-        "ZC-8", "float32-param-bfloat16-tensor", dtypes(torch.float32, torch.bfloat16), False, BASES
-    ),
-    Row(
-        "ZC-8", "bfloat16-param-float16-tensor", dtypes(torch.bfloat16, torch.float16), False, BASES
-    ),
-    Row("ZC-8", "float32-param-int32-tensor", dtypes(torch.float32, torch.int32), False, BASES),
-    Row(
-        "ZC-8",
-        "bfloat16-param-bfloat16-tensor",
-        dtypes(torch.bfloat16, torch.bfloat16),
-        True,
-        BASES,
+    *(
+        Row(
+            "ZC-8",
+            f"{str(param).removeprefix('torch.')}-param-{str(tensor).removeprefix('torch.')}-tensor",
+            dtypes(param, tensor),
+            param == tensor,
+            BASES,
+            plain_rule="ZC-2b",
+        )
+        for param, tensor in (
+            (torch.float32, torch.bfloat16),
+            (torch.bfloat16, torch.float16),
+            (torch.float32, torch.int32),
+            (torch.bfloat16, torch.bfloat16),
+        )
     ),
     Row("ZC-8", "strided-tensor", strided_tensor, False, BASES),
     Row("ZC-8", "strided-target", strided_target, False, BASES),
@@ -333,13 +354,13 @@ DIRECT = [pytest.mark.capability(DIRECT_DIT)]
 
 def rules_of(base: str, row: Row | None, mode: str) -> tuple[str, ...]:
     """The rules a row pins. In direct mode ZC-1 gives way to DG-5 and ZC-2..8 are DG-5's own
-    conditions: there, a tensor that meets them all and is not adopted breaks DG-5 alone. A plain
-    parameter that is adopted is ZC-2b's promise (ZC-1, ZC-6..8 holding)."""
+    conditions: there, a tensor that meets them all and is not adopted breaks DG-5 alone. A
+    plain parameter's rows pin ZC-2b / ZC-2c alone, in either mode (ZC-2b: "in any mode")."""
     adopt = row is None or row.adopt
+    if base == PLAIN:
+        return ("ZC-2b",) if adopt else (row.rule_for(base),)  # type: ignore[union-attr]
     if mode == "direct":
         return ("DG-5",) if adopt else (row.rule, "DG-5")  # type: ignore[union-attr]
-    if adopt and base == PLAIN:
-        return ("ZC-2b",)
     if row is None:
         return ADOPT_RULES
     return (row.rule,)
@@ -374,6 +395,10 @@ def home(mode: str, direct_device: torch.device) -> torch.device:
     return direct_device if mode == "direct" else CPU
 
 
+def plan_for(device: torch.device, *, direct: bool) -> PlanLike:
+    return Plan(checkpoint_load_device=device, load_full_state_dict_on_device=direct)
+
+
 def build(base: str, row: Row | None, device: torch.device) -> tuple[Probe, bool]:
     p = probe(base, device)
     if row is not None:
@@ -384,7 +409,7 @@ def build(base: str, row: Row | None, device: torch.device) -> tuple[Probe, bool
 # --- judged by the predicate (only `adopt`) -----------------------------------------------------
 
 
-def verdict(loader: LoaderAdapter, p: Probe, direct_device: torch.device | None) -> bool:
+def verdict(loader: SeamLoader, p: Probe, direct_device: torch.device | None) -> bool:
     answer = loader.zero_copy_verdict(
         p.param, p.tensor, p.param, kinds=LINEAR_KINDS, direct_device=direct_device
     )
@@ -393,31 +418,43 @@ def verdict(loader: LoaderAdapter, p: Probe, direct_device: torch.device | None)
 
 @pytest.mark.parametrize(("base", "row", "mode"), table(loads=False))
 def test_the_predicate_answers_each_row(
-    loader: LoaderAdapter, direct_device: torch.device, base: str, row: Row | None, mode: str
+    loader: SeamLoader, direct_device: torch.device, base: str, row: Row | None, mode: str
 ) -> None:
     p, adopt = build(base, row, home(mode, direct_device))
     assert verdict(loader, p, direct_device if mode == "direct" else None) is adopt
 
 
 @pytest.mark.rule("ZC-1")
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("base", tuple(LAYERS))
 def test_the_predicate_refuses_a_tensor_off_cpu(
-    loader: LoaderAdapter, direct_device: torch.device, base: str
+    loader: SeamLoader, direct_device: torch.device, base: str
 ) -> None:
+    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
     assert verdict(loader, probe(base, direct_device), None) is False
 
 
 @pytest.mark.rule("DG-5")
 @pytest.mark.capability(DIRECT_DIT)
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("base", tuple(LAYERS))
 def test_the_direct_predicate_refuses_a_tensor_off_the_load_device(
-    loader: LoaderAdapter, direct_device: torch.device, base: str
+    loader: SeamLoader, direct_device: torch.device, base: str
 ) -> None:
+    needs_accelerator(direct_device, "a load device other than the CPU")
     assert verdict(loader, probe(base, CPU), direct_device) is False
 
 
+@pytest.mark.rule("ZC-2b")
+@pytest.mark.capability(DIRECT_DIT)
+def test_a_plain_parameter_is_converted_onto_the_load_device_in_direct_mode(
+    loader: SeamLoader, direct_device: torch.device
+) -> None:
+    """ZC-2b: a tensor on another device than the load device is not taken as is."""
+    needs_accelerator(direct_device, "a load device other than the CPU")
+    assert verdict(loader, probe(PLAIN, CPU), direct_device) is False
+
+
 @pytest.mark.rule("ZC-5")
-def test_tp_size_is_read_at_each_call(loader: LoaderAdapter) -> None:
+def test_tp_size_is_read_at_each_call(loader: SeamLoader) -> None:
     p = probe("column", CPU)
     answers = []
     for size in (1, 2, 1):
@@ -429,44 +466,33 @@ def test_tp_size_is_read_at_each_call(loader: LoaderAdapter) -> None:
 # --- judged by loading ---------------------------------------------------------------------------
 
 
-def plan_for(loader: LoaderAdapter, device: torch.device, *, direct: bool) -> PlanLike:
-    return loader.make_plan(
-        checkpoint_load_device=device,
-        weight_postprocess_device=None,
-        defer_cpu_offload=False,
-        load_full_state_dict_on_device=direct,
-    )
-
-
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` is `b`'s memory: same address, or on `meta` the same storage."""
-    if a.device.type == "meta" or b.device.type == "meta":
-        return (
-            a.device == b.device
-            and a.untyped_storage()._cdata == b.untyped_storage()._cdata
-            and a.storage_offset() == b.storage_offset()
-        )
+    """Whether `a` is `b`'s memory: same device and address."""
     return a.device == b.device and a.data_ptr() == b.data_ptr()
 
 
 def assert_adopted(param: torch.Tensor, handed: torch.Tensor) -> None:
-    assert same_memory(param, handed), "not adopted: the parameter is not the tensor handed over"
-    assert param.requires_grad is False, "adopted, but requires_grad was left on (ZC-9)"
+    assert same_memory(param, handed), (
+        "expected the tensor adopted (the parameter is the handed tensor's memory); the loader"
+        " gave the parameter other memory (a copy)"
+    )
+    assert param.requires_grad is False, (
+        "adopted, but requires_grad was left on (ZC-9 wants it off)"
+    )
 
 
 def assert_copied(param: torch.Tensor, handed: torch.Tensor, dtype: torch.dtype) -> None:
     """A fresh allocation of the slot's dtype holding the handed values."""
-    fresh = param.untyped_storage()
-    old = handed.untyped_storage()
-    if param.device.type == "meta":
-        assert fresh._cdata != old._cdata, "adopted where a copy was due"
-    else:
-        assert fresh.data_ptr() != old.data_ptr(), "adopted where a copy was due"
-        assert torch.equal(param.detach().cpu(), handed.to(dtype).cpu()), "values differ"
-    assert param.dtype == dtype
+    assert param.untyped_storage().data_ptr() != handed.untyped_storage().data_ptr(), (
+        "expected a copy (fresh memory); the loader adopted the handed tensor as is"
+    )
+    assert param.dtype == dtype, f"expected the copy in the slot's {dtype}, got {param.dtype}"
+    assert torch.equal(param.detach().cpu(), handed.to(dtype).cpu()), (
+        "the copy does not hold the checkpoint's values converted to the slot's dtype"
+    )
 
 
-def load(loader: LoaderAdapter, p: Probe, plan: PlanLike) -> LoadReport:
+def load(loader: SeamLoader, p: Probe, plan: PlanLike) -> LoadReport:
     """Load `p`; its report (only the ZC-14 tests read it)."""
     return loader.load_full_state(
         p.module, [("layer.weight", p.tensor)], plan=plan, kinds=LINEAR_KINDS
@@ -484,12 +510,14 @@ def assert_copy_reported_as(report: LoadReport, rule: str) -> None:
 
 @pytest.mark.parametrize(("base", "row", "mode"), table(loads=True))
 def test_loading_each_row_adopts_or_copies(
-    loader: LoaderAdapter, direct_device: torch.device, base: str, row: Row | None, mode: str
+    loader: SeamLoader, direct_device: torch.device, base: str, row: Row | None, mode: str
 ) -> None:
     device = home(mode, direct_device)
+    if mode == "direct":
+        needs_accelerator(device, "a direct load (PLAN-3 refuses a CPU load device)")
     p, adopt = build(base, row, device)
     dtype = p.param.dtype
-    load(loader, p, plan_for(loader, device, direct=mode == "direct"))
+    load(loader, p, plan_for(device, direct=mode == "direct"))
     if adopt:
         assert_adopted(p.param, p.tensor)
     else:
@@ -497,14 +525,28 @@ def test_loading_each_row_adopts_or_copies(
 
 
 @pytest.mark.rule("ZC-1")
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("base", tuple(LAYERS))
 def test_loading_a_tensor_off_cpu_copies_it(
-    loader: LoaderAdapter, direct_device: torch.device, base: str
+    loader: SeamLoader, direct_device: torch.device, base: str
 ) -> None:
-    """An ordinary (not direct) plan that loads on a non-CPU device: nothing is adopted there."""
+    """An ordinary (not direct) plan that loads on a non-CPU device: a parameter with a
+    weight_loader is copied there (ZC-1)."""
+    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
     p = probe(base, direct_device)
-    load(loader, p, plan_for(loader, direct_device, direct=False))
+    load(loader, p, plan_for(direct_device, direct=False))
     assert_copied(p.param, p.tensor, torch.float32)
+
+
+@pytest.mark.rule("ZC-2b")
+def test_a_plain_parameter_takes_a_tensor_on_its_load_device_as_is(
+    loader: SeamLoader, direct_device: torch.device
+) -> None:
+    """An ordinary plan that loads on a non-CPU device: a parameter without weight_loader takes
+    its tensor as is there, in any mode (ZC-2b)."""
+    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    p = probe(PLAIN, direct_device)
+    load(loader, p, plan_for(direct_device, direct=False))
+    assert_adopted(p.param, p.tensor)
 
 
 def indexed(device: torch.device) -> torch.device:
@@ -520,7 +562,7 @@ def indexed(device: torch.device) -> torch.device:
             id=f"{base}-{mode}",
             marks=[
                 pytest.mark.rule(
-                    "DG-5" if mode == "direct" else "ZC-2b" if base == PLAIN else "ZC-1"
+                    "ZC-2b" if base == PLAIN else "DG-5" if mode == "direct" else "ZC-1"
                 ),
                 *(DIRECT if mode == "direct" else []),
             ],
@@ -531,7 +573,7 @@ def indexed(device: torch.device) -> torch.device:
 )
 @pytest.mark.parametrize("plan_index", [False, True], ids=["plan-device", "plan-device-index-0"])
 def test_a_device_with_or_without_its_index_is_the_same_device(
-    loader: LoaderAdapter,
+    loader: SeamLoader,
     direct_device: torch.device,
     *,
     base: str,
@@ -540,12 +582,12 @@ def test_a_device_with_or_without_its_index_is_the_same_device(
 ) -> None:
     """cpu and cpu:0 (cuda and cuda:0) are one device: tensors there are adopted either way."""
     device = home(mode, direct_device)
-    if device.type == "meta" and plan_index:
-        pytest.skip("meta has no device index (the gpu tier runs cuda against cuda:0)")
+    if mode == "direct":
+        needs_accelerator(device, "a direct load (PLAN-3 refuses a CPU load device)")
     tensor_device = indexed(device) if device.type == "cuda" else device
     p = probe(base, tensor_device)
     plan_device = indexed(device) if plan_index else torch.device(device.type)
-    load(loader, p, plan_for(loader, plan_device, direct=mode == "direct"))
+    load(loader, p, plan_for(plan_device, direct=mode == "direct"))
     assert_adopted(p.param, p.tensor)
 
 
@@ -563,17 +605,16 @@ def test_a_device_with_or_without_its_index_is_the_same_device(
     ],
 )
 def test_each_copy_is_reported_with_its_first_failing_condition(
-    loader: LoaderAdapter, base: str, row: Row
+    loader: SeamLoader, base: str, row: Row
 ) -> None:
     p, _ = build(base, row, CPU)
-    assert_copy_reported_as(load(loader, p, plan_for(loader, CPU, direct=False)), row.rule)
+    assert_copy_reported_as(load(loader, p, plan_for(CPU, direct=False)), row.rule_for(base))
 
 
 @pytest.mark.rule("ZC-14")
-def test_a_copy_off_cpu_is_reported_as_zc1(
-    loader: LoaderAdapter, direct_device: torch.device
-) -> None:
-    plan = plan_for(loader, direct_device, direct=False)
+def test_a_copy_off_cpu_is_reported_as_zc1(loader: SeamLoader, direct_device: torch.device) -> None:
+    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    plan = plan_for(direct_device, direct=False)
     assert_copy_reported_as(load(loader, probe("column", direct_device), plan), "ZC-1")
 
 
@@ -583,22 +624,26 @@ def test_a_copy_off_cpu_is_reported_as_zc1(
 @pytest.mark.rule("ZC-14")
 @pytest.mark.reference_only("the reference's reason strings")
 def test_reference_reasons_name_the_condition(
-    loader: LoaderAdapter, direct_device: torch.device
+    loader: SeamLoader, direct_device: torch.device
 ) -> None:
     def reason(p: Probe, direct: torch.device | None = None) -> str | None:
         return loader.zero_copy_verdict(
             p.param, p.tensor, p.param, kinds=LINEAR_KINDS, direct_device=direct
         ).reason
 
-    off = probe("column", direct_device)
-    assert reason(off) == f"ZC-1: checkpoint tensor is on {direct_device}, not cpu"
-    assert (reason(probe("column", CPU), direct_device) or "").startswith(
+    meta = torch.device("meta")  # a device the predicate can name without owning one
+    off = probe("column", meta)
+    assert reason(off) == "ZC-1: checkpoint tensor is on meta, not cpu"
+    assert (reason(probe("column", CPU), meta) or "").startswith(
         "DG-5: checkpoint tensor is on cpu"
     )
     p = probe("column", CPU)
     tp_size(2)(p)
     assert reason(p) == "ZC-5: tp_size is 2"
-    p = probe(PLAIN, CPU)
+    p = probe("column", CPU)
     flag("is_metadata", "yes")(p)
     assert reason(p) == "ZC-7: parameter flag is_metadata is set"
+    p = probe(PLAIN, CPU)
+    flag("is_metadata", "yes")(p)
+    assert reason(p) == "ZC-2c: parameter flag is_metadata is set"
     assert reason(probe(PLAIN, CPU)) is None

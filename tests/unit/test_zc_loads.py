@@ -41,22 +41,22 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from fakes.load_paths import direct_device as device_for_direct_mode
 from reference.checkpoint import TensorReader, open_checkpoint
-from reference.kit.adapter import DIRECT_DIT, ZERO_COPY, LoaderAdapter, PlanLike
+from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
 
 CPU = torch.device("cpu")
-META = torch.device("meta")
 # Enough tensor data (about 25 MB) that a quarter of it dwarfs headers and bookkeeping.
 BIG = DiTConfig(hidden=512, heads=8, depth=3)
 
 
 @pytest.fixture
 def direct_device(runtime_device: torch.device) -> torch.device:
-    """Where direct mode loads: the runtime device, or `meta` when that is the CPU."""
-    return runtime_device if runtime_device.type != "cpu" else META
+    """Where direct mode loads: the runtime device (the CPU tier skips: PLAN-3)."""
+    return device_for_direct_mode(runtime_device)
 
 
 @pytest.fixture
@@ -124,40 +124,30 @@ def built_plain(config: DiTConfig | None = None) -> PlainDiT:
     ],
 )
 def test_plain_torch_parameters_are_adopted_as_they_are(
-    loader: LoaderAdapter, direct_device: torch.device, mode: str
+    loader: SeamLoader, runtime_device: torch.device, mode: str
 ) -> None:
     """nn.Linear, Conv2d, LayerNorm and Embedding parameters (no weight_loader) whose tensor fits
     become that tensor (same memory), with requires_grad False and nothing else changed."""
-    device = direct_device if mode == "direct" else CPU
+    device = device_for_direct_mode(runtime_device) if mode == "direct" else CPU
     module = built_plain()
     state = {n: t.to(device) for n, t in random_state(module, seed=1).items()}
-    plan = loader.make_plan(
-        checkpoint_load_device=device,
-        weight_postprocess_device=None,
-        defer_cpu_offload=False,
-        load_full_state_dict_on_device=mode == "direct",
-    )
+    plan = Plan(checkpoint_load_device=device, load_full_state_dict_on_device=mode == "direct")
     loader.load_full_state(module, state.items(), plan=plan, kinds=LINEAR_KINDS)
     params = parameters_of(module)
     assert set(params) == set(state) - {"time_scale"}
     for name, param in params.items():
-        handed = state[name]
-        if device.type == "meta":
-            assert param.untyped_storage()._cdata == handed.untyped_storage()._cdata, name
-        else:
-            assert param.data_ptr() == handed.data_ptr(), name
+        assert param.data_ptr() == state[name].data_ptr(), f"{name} was copied, not adopted"
         assert type(param) is nn.Parameter
         assert param.requires_grad is False, name
     buffer = module.get_buffer("time_scale")  # its adoption is not pinned: only what it holds
     assert (buffer.dtype, buffer.device.type) == (torch.float32, device.type)
-    if device.type != "meta":
-        assert torch.equal(buffer.cpu(), state["time_scale"].cpu())
+    assert torch.equal(buffer.cpu(), state["time_scale"].cpu())
 
 
 @pytest.mark.rule("ZC-2b", "ZC-11")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_plain_torch_parameters_of_another_dtype_are_converted_once(
-    loader: LoaderAdapter, offload_plan: PlanLike, dtype: torch.dtype
+    loader: SeamLoader, offload_plan: PlanLike, dtype: torch.dtype
 ) -> None:
     module = built_plain()
     state = random_state(module, dtype=dtype, seed=2)
@@ -174,7 +164,7 @@ def test_plain_torch_parameters_of_another_dtype_are_converted_once(
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("shards", [1, 3], ids=["single-file", "3-shards"])
 def test_plain_dit_checkpoint_is_adopted_from_the_file(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
 ) -> None:
     """Through load_dit: every parameter maps its own bytes of the checkpoint file."""
     path, state = write_plain_dit_checkpoint(tmp_path, shards=shards, seed=3)
@@ -194,7 +184,7 @@ def test_plain_dit_checkpoint_is_adopted_from_the_file(
 @pytest.mark.rule("ZC-2b", "ZC-11")
 @pytest.mark.parametrize("shards", [1, 3], ids=["single-file", "3-shards"])
 def test_plain_dit_checkpoint_of_another_dtype_is_converted_once(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
 ) -> None:
     path, state = write_plain_dit_checkpoint(tmp_path, dtype=torch.bfloat16, shards=shards)
     positions = tensor_positions(path)
@@ -235,7 +225,7 @@ def read_all(path: Path, device: torch.device = CPU) -> dict[str, torch.Tensor]:
 @pytest.mark.rule("ZC-9")
 @pytest.mark.parametrize("kind", list(LAYERS))
 def test_adopted_tensor_becomes_the_parameter_keeping_its_attributes(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, kind: str
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, kind: str
 ) -> None:
     state = {"layer.weight": torch.randn(4, 3) + 5, "layer.bias": torch.randn(4) + 5}
     tensors = read_all(write_checkpoint(state, tmp_path))
@@ -256,7 +246,7 @@ def test_adopted_tensor_becomes_the_parameter_keeping_its_attributes(
 @pytest.mark.rule("ZC-10", "ZC-11")
 @pytest.mark.parametrize("shards", [1, 2], ids=["single-file", "2-shards"])
 def test_offloaded_dit_loads_on_cpu_and_computes_like_the_original(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, shards: int
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, shards: int
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, shards=shards)
     module, _ = loader.load_dit(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
@@ -271,7 +261,7 @@ def test_offloaded_dit_loads_on_cpu_and_computes_like_the_original(
 @pytest.mark.rule("ZC-2b", "ZC-9")
 @pytest.mark.parametrize("shards", [1, 2], ids=["single-file", "2-shards"])
 def test_offloaded_dit_adopts_every_eligible_parameter_from_the_file(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None, shards: int
 ) -> None:
     """Standard linears (ZC-1..8) and plain torch parameters (ZC-2b) map their own bytes of the
     file, with requires_grad off."""
@@ -291,7 +281,7 @@ def test_offloaded_dit_adopts_every_eligible_parameter_from_the_file(
     ],
 )
 def test_offloaded_dit_copies_what_is_not_eligible(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None, what: str
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None, what: str
 ) -> None:
     """The merged QKV layer (its own weight_loader, ZC-3) and pos_embed (a plain-function
     loader, ZC-2) are fresh copies, in memory no checkpoint file backs."""
@@ -330,10 +320,10 @@ class CountConversions(TorchDispatchMode):
 @pytest.mark.rule("ZC-10", "ZC-11")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_copied_values_equal_the_checkpoint_converted_once(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, dtype: torch.dtype
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, dtype: torch.dtype
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, dtype=dtype)
-    plan = loader.default_plan(runtime_device)
+    plan = Plan(checkpoint_load_device=runtime_device)
     conversions = CountConversions()
     with conversions:
         module, _ = loader.load_dit(trainable(TinyDiT), path, plan=plan, kinds=LINEAR_KINDS)
@@ -349,18 +339,18 @@ def test_copied_values_equal_the_checkpoint_converted_once(
 
 @pytest.mark.rule("ZC-10")
 def test_copy_path_calls_the_layers_own_weight_loader(
-    loader: LoaderAdapter, runtime_device: torch.device, tmp_path: Path, mocker: MockerFixture
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, mocker: MockerFixture
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path, dtype=torch.bfloat16)
     spy = mocker.spy(MergedColumnParallelLinear, "weight_loader")  # the model's own layer
-    plan = loader.default_plan(runtime_device)
+    plan = Plan(checkpoint_load_device=runtime_device)
     module, _ = loader.load_dit(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS)
-    calls = {(id(c.args[0]), tuple(c.args[1].shape), c.args[2].dtype) for c in spy.call_args_list}
+    # Handed the tensor as read (bfloat16) or already in the slot's dtype: SPEC leaves it free.
+    calls = {(id(c.args[0]), tuple(c.args[1].shape)) for c in spy.call_args_list}
+    assert {c.args[2].dtype for c in spy.call_args_list} <= {torch.bfloat16, torch.float32}
     qkv = [b.qkv for b in module.blocks]  # type: ignore[union-attr]
     assert calls == {
-        (id(layer), tuple(p.shape), torch.bfloat16)
-        for layer in qkv
-        for p in (layer.weight, layer.bias)
+        (id(layer), tuple(p.shape)) for layer in qkv for p in (layer.weight, layer.bias)
     }
     for temp in (c.args[1] for c in spy.call_args_list):
         assert temp.dtype == torch.float32
@@ -376,7 +366,7 @@ def bad_mlp_checkpoint(tmp_path: Path) -> Path:
 
 @pytest.mark.rule("ZC-10")
 def test_assertion_in_weight_loader_names_parameter_shapes_and_class(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     """The error names the parameter, its class and each dimension of the three shapes
     (checkpoint (64, 16), target and temporary (64, 32)), in any format and order."""
@@ -394,7 +384,7 @@ def test_assertion_in_weight_loader_names_parameter_shapes_and_class(
 @pytest.mark.rule("ZC-10")
 @pytest.mark.reference_only("the reference's wording of a failed weight_loader")
 def test_reference_words_a_failed_weight_loader(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     path = bad_mlp_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="weight_loader failed") as caught:
@@ -408,7 +398,7 @@ def test_reference_words_a_failed_weight_loader(
 
 @pytest.mark.rule("ZC-11")
 def test_wrong_shape_without_weight_loader_is_refused_by_name(
-    loader: LoaderAdapter, offload_plan: PlanLike
+    loader: SeamLoader, offload_plan: PlanLike
 ) -> None:
     with torch.device("meta"):
         module = nn.Sequential(nn.LayerNorm(4))
@@ -432,7 +422,7 @@ def pair() -> nn.ModuleDict:
 
 
 def assert_one_adoption_one_copy(
-    loader: LoaderAdapter, plan: PlanLike, tensors: list[tuple[str, torch.Tensor]]
+    loader: SeamLoader, plan: PlanLike, tensors: list[tuple[str, torch.Tensor]]
 ) -> None:
     """Two parameters fed overlapping bytes: one adopts them, the other holds a fresh copy of
     its values, and the two never share memory; or the load is refused, touching nothing."""
@@ -459,7 +449,7 @@ def assert_one_adoption_one_copy(
 @pytest.mark.rule("ZC-12")
 @pytest.mark.parametrize("order", ["a-first", "b-first"])
 def test_one_tensor_feeding_two_parameters_is_adopted_once(
-    loader: LoaderAdapter, offload_plan: PlanLike, order: str
+    loader: SeamLoader, offload_plan: PlanLike, order: str
 ) -> None:
     tensor = torch.randn(4, 3) + 5
     tensors = [("a.weight", tensor), ("b.weight", tensor)]
@@ -470,7 +460,7 @@ def test_one_tensor_feeding_two_parameters_is_adopted_once(
 @pytest.mark.parametrize("lower_first", [True, False], ids=["lower-view-first", "upper-view-first"])
 @pytest.mark.parametrize("a_lower", [True, False], ids=["a-lower", "a-upper"])
 def test_overlapping_views_are_adopted_once_in_either_order(
-    loader: LoaderAdapter, offload_plan: PlanLike, *, lower_first: bool, a_lower: bool
+    loader: SeamLoader, offload_plan: PlanLike, *, lower_first: bool, a_lower: bool
 ) -> None:
     base = torch.randn(24) + 5
     lower, upper = base[0:12].view(4, 3), base[6:18].view(4, 3)
@@ -481,7 +471,7 @@ def test_overlapping_views_are_adopted_once_in_either_order(
 
 @pytest.mark.rule("ZC-12")
 def test_disjoint_views_of_one_storage_are_both_adopted(
-    loader: LoaderAdapter, offload_plan: PlanLike
+    loader: SeamLoader, offload_plan: PlanLike
 ) -> None:
     base = torch.randn(24) + 5
     tensors = [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[12:24].view(4, 3))]
@@ -494,7 +484,7 @@ def test_disjoint_views_of_one_storage_are_both_adopted(
 @pytest.mark.rule("ZC-12")
 @pytest.mark.parametrize("alias_in_checkpoint", [False, True])
 def test_parameters_the_model_ties_stay_tied(
-    loader: LoaderAdapter, offload_plan: PlanLike, alias_in_checkpoint: bool
+    loader: SeamLoader, offload_plan: PlanLike, alias_in_checkpoint: bool
 ) -> None:
     module = pair()
     module["b"].weight = module["a"].weight
@@ -521,7 +511,7 @@ NAME_CASES = [
 @pytest.mark.rule("CKPT-5")
 @pytest.mark.parametrize(("names", "named"), NAME_CASES)
 def test_names_that_do_not_fit_are_refused_leaving_the_module_untouched(
-    loader: LoaderAdapter, offload_plan: PlanLike, names: list[str], named: str
+    loader: SeamLoader, offload_plan: PlanLike, names: list[str], named: str
 ) -> None:
     module = pair()
     tensors = [(name, torch.randn(4, 3)) for name in names]
@@ -544,7 +534,7 @@ def test_names_that_do_not_fit_are_refused_leaving_the_module_untouched(
     ids=["unknown", "duplicate", "missing"],
 )
 def test_reference_words_a_name_mismatch(
-    loader: LoaderAdapter, offload_plan: PlanLike, names: list[str], words: str
+    loader: SeamLoader, offload_plan: PlanLike, names: list[str], words: str
 ) -> None:
     tensors = [(name, torch.randn(4, 3)) for name in names]
     with pytest.raises(ValueError, match=words):
@@ -553,7 +543,7 @@ def test_reference_words_a_name_mismatch(
 
 @pytest.mark.rule("CKPT-5")
 def test_checkpoint_names_are_checked_before_any_tensor_is_read(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     reason = evidence_missing()
     if reason is not None:
@@ -576,7 +566,7 @@ def test_checkpoint_names_are_checked_before_any_tensor_is_read(
 @pytest.mark.rule("CKPT-5")
 @pytest.mark.reference_only("the reference's wording of a preflight mismatch")
 def test_reference_words_a_preflight_mismatch(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     _, state = write_dit_checkpoint(tmp_path / "good")
     bad = {n: t for n, t in state.items() if n != "head.bias"} | {"extra.weight": torch.ones(2)}
@@ -599,7 +589,7 @@ class NoBufferHook(TinyDiT):
 
 @pytest.mark.rule("CKPT-5")
 def test_non_persistent_buffer_left_on_meta_fails_naming_it(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
     refusal(
@@ -620,7 +610,7 @@ def digest(paths: list[Path]) -> str:
 
 @pytest.mark.rule("ZC-13")
 def test_writing_to_adopted_parameters_leaves_the_files_unchanged(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path / "ckpt", shards=2)
     files = list((tmp_path / "ckpt").iterdir())
@@ -638,7 +628,7 @@ def test_writing_to_adopted_parameters_leaves_the_files_unchanged(
 
 @pytest.mark.rule("ZC-13")
 def test_write_reaches_the_shared_mapping_but_not_the_file(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     state = {"layer.weight": torch.randn(4, 3), "layer.bias": torch.randn(4)}
     path = write_checkpoint(state, tmp_path)
@@ -658,7 +648,7 @@ def test_write_reaches_the_shared_mapping_but_not_the_file(
 
 @pytest.mark.rule("ZC-14")
 def test_report_counts_what_was_adopted_and_copied_with_each_reason(
-    loader: LoaderAdapter, offload_plan: PlanLike, tmp_path: Path, mappings: None
+    loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
     module, report = loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
@@ -677,16 +667,11 @@ def test_report_counts_what_was_adopted_and_copied_with_each_reason(
 
 
 def serialized_fp8_load(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> tuple[nn.Module, Mapping[str, torch.Tensor], Path, dict[str, str]]:
     spec = QuantizationSpec("fp8", serialized=True)
     path, state = write_dit_checkpoint(tmp_path, quantization=spec)
-    plan = loader.make_plan(
-        checkpoint_load_device=CPU,
-        weight_postprocess_device=None,
-        defer_cpu_offload=False,
-        load_full_state_dict_on_device=False,
-    )
+    plan = Plan(checkpoint_load_device=CPU)
     module, report = loader.load_dit(
         lambda: TinyDiT(quantization=spec), path, plan=plan, kinds=LINEAR_KINDS, quantization=spec
     )
@@ -700,7 +685,7 @@ def serialized_fp8_load(
 
 @pytest.mark.rule("ZC-4")
 def test_serialized_fp8_layers_are_copied_bit_exact(
-    loader: LoaderAdapter, tmp_path: Path, mappings: None
+    loader: SeamLoader, tmp_path: Path, mappings: None
 ) -> None:
     module, state, path, _ = serialized_fp8_load(loader, tmp_path)
     for name, tensor in module.state_dict().items():
@@ -713,7 +698,7 @@ def test_serialized_fp8_layers_are_copied_bit_exact(
 
 @pytest.mark.rule("ZC-14")
 def test_serialized_fp8_copies_are_reported_for_their_quant_method(
-    loader: LoaderAdapter, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path
 ) -> None:
     _, state, _, copies = serialized_fp8_load(loader, tmp_path)
     for name in (n for n, t in state.items() if t.dtype == torch.float8_e4m3fn):
@@ -724,7 +709,7 @@ def test_serialized_fp8_copies_are_reported_for_their_quant_method(
 
 @pytest.mark.rule("ZC-11")
 @pytest.mark.reference_only("the SPEC leaves a persistent buffer's adopt-or-copy free")
-def test_reference_copies_persistent_buffers(loader: LoaderAdapter, offload_plan: PlanLike) -> None:
+def test_reference_copies_persistent_buffers(loader: SeamLoader, offload_plan: PlanLike) -> None:
     module = built_plain()
     state = random_state(module, seed=5)
     report = loader.load_full_state(module, state.items(), plan=offload_plan, kinds=LINEAR_KINDS)
