@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ def write_checkpoint(
     shards: int = 1,
     stem: str = "model",
     metadata: Mapping[str, str] | None = None,
+    metadata_in: Sequence[int] | None = None,
 ) -> Path:
     """Write `state` as safetensors into `folder`.
 
@@ -29,6 +30,7 @@ def write_checkpoint(
             files (names spread round-robin in insertion order) plus
             `<stem>.safetensors.index.json`.
         metadata: the files' `__metadata__`.
+        metadata_in: the shards (0-based) that carry `metadata`; default every one.
 
     Returns:
         The path a loader should be given: the single file, or the index.
@@ -45,7 +47,8 @@ def write_checkpoint(
     for i in range(shards):
         shard_name = f"{stem}-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = {n: tensors[n] for n in names[i::shards]}
-        save_file(part, str(folder / shard_name), metadata=meta)
+        carries = metadata_in is None or i in metadata_in
+        save_file(part, str(folder / shard_name), metadata=meta if carries else {})
         weight_map.update({n: shard_name for n in part})
     index = folder / f"{stem}.safetensors.index.json"
     total = sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,11 +1,10 @@
 """A tiny DiT built from the fake parallel linears, and checkpoint writers for it.
 
 Besides the linears it has parameters without `weight_loader` (norms, a time embedding), one
-parameter with a plain-function loader (`pos_embed`), a persistent buffer (`time_scale`, in the
-checkpoint) and a non-persistent buffer (`freqs`, not in it) computed in `__init__`. Built on
-`meta` (the CPU tier's direct device), that buffer is meta too; the module's
-`rebuild_buffers(device)` hook recomputes it after loading. (The reference's build keeps it real
-on any other device.)
+parameter with a plain-function loader (`pos_embed`) and a persistent buffer (`time_scale`, in the
+checkpoint). It computes its rotary frequencies when called: a buffer computed in `__init__` is
+what ZC-15 judges, so only that rule's own fixture, `RotaryDiT`, carries one (SPEC, "One defect,
+its rules only").
 
 `PlainDiT` is made of plain torch layers only (linear, conv, norm, embedding), as every diffusers
 model is: none of its parameters carries a `weight_loader` (ZC-2b).
@@ -117,7 +116,6 @@ class TinyDiT(nn.Module):
     """A small diffusion transformer: patch embed, time embed, blocks, final norm, head."""
 
     time_scale: torch.Tensor
-    freqs: torch.Tensor
 
     def __init__(
         self,
@@ -142,15 +140,15 @@ class TinyDiT(nn.Module):
         )
         self.final_norm = nn.LayerNorm(h, dtype=dtype)
         self.head = ReplicatedLinear(h, config.in_channels, params_dtype=dtype)
-        self.register_buffer("freqs", rotary_freqs(h), persistent=False)
 
-    def rebuild_buffers(self, device: torch.device) -> None:
-        """Recompute the buffers construction computed (they are not in the checkpoint)."""
-        self.freqs = rotary_freqs(self.config.hidden, device)
+    def rotary(self, device: torch.device) -> torch.Tensor:
+        """The rotary frequencies, computed on CPU as construction would, moved to `device`."""
+        return rotary_freqs(self.config.hidden).to(device)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         tokens = x.shape[1]
-        phase = torch.arange(tokens, device=x.device, dtype=torch.float32)[:, None] * self.freqs
+        phase = torch.arange(tokens, device=x.device, dtype=torch.float32)[:, None]
+        phase = phase * self.rotary(x.device)
         position = torch.cat([phase.sin(), phase.cos()], dim=-1).to(x.dtype)
         time = self.time_embed(t) * self.time_scale[t, None]
         h = self.patch_embed(x) + self.pos_embed + position + time[:, None]
@@ -158,6 +156,20 @@ class TinyDiT(nn.Module):
             h = block(h)
         out: torch.Tensor = self.head(self.final_norm(h))
         return out
+
+
+class RotaryDiT(TinyDiT):
+    """ZC-15's fixture: the rotary frequencies computed in `__init__`, a non-persistent buffer
+    (no checkpoint holds it), as diffusers' DiTs build their rotary tables."""
+
+    freqs: torch.Tensor
+
+    def __init__(self, config: DiTConfig | None = None, **options: object) -> None:
+        super().__init__(config, **options)  # type: ignore[arg-type]
+        self.register_buffer("freqs", rotary_freqs(self.config.hidden), persistent=False)
+
+    def rotary(self, device: torch.device) -> torch.Tensor:
+        return self.freqs.to(device)
 
 
 class PlainDiT(nn.Module):

@@ -9,6 +9,9 @@ check (the module untouched, the files unread: see `fakes.evidence`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def refusal(
@@ -33,6 +36,17 @@ def refusal(
         f"expected a refusal ({error.__name__}) naming {', '.join(map(repr, names)) or 'nothing'};"
         f" the call returned {type(result).__name__}"
     )
+
+
+def loaded_or_refused(
+    call: Callable[[], T], error: type[BaseException] = ValueError
+) -> tuple[T | None, BaseException | None]:
+    """Run `call` where a rule lets the loader either honour the request or refuse it:
+    (its result, None) or (None, the refusal of type `error`)."""
+    try:
+        return call(), None
+    except error as raised:
+        return None, raised
 
 
 def assert_names(raised: BaseException, *names: str) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fakes.checkpoints import write_checkpoint
-from fakes.dit import DiTConfig, TinyDiT
+from fakes.dit import DiTConfig, RotaryDiT, TinyDiT
 from fakes.layers import LINEAR_KINDS
 from fakes.vae import StandardVAE, VAEConfig
 from reference.pipeline import MODEL_INDEX, MODELS
@@ -77,6 +77,15 @@ class PipelineDiT(TinyDiT):
         super().__init__(config, quantization=quantization)
 
 
+class PipelineRotaryDiT(RotaryDiT):
+    """The tiny DiT with its rotary table computed in `__init__` (ZC-15), from config.json."""
+
+    linear_kinds = LINEAR_KINDS
+
+    def __init__(self, *, hidden: int = 32, depth: int = 2, heads: int = 2) -> None:
+        super().__init__(DiTConfig(hidden=hidden, depth=depth, heads=heads))
+
+
 class PipelineVAE(StandardVAE):
     """The standard video VAE fake, built from config.json keywords."""
 
@@ -93,7 +102,8 @@ class PipelineVAE(StandardVAE):
 
 
 MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
-    cls.__name__: cls for cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineVAE)
+    cls.__name__: cls
+    for cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineRotaryDiT, PipelineVAE)
 }
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
 (`load_pipeline_component(..., models=MODEL_CLASSES)`)."""

@@ -3,9 +3,10 @@
 `StandardVAE` has what real video VAEs carry: Conv3d encoder and decoder blocks, group norm, a
 batch norm (torch's versioned `_load_from_state_dict`), a weight-norm parametrization (torch's
 compatibility load hook), a persistent buffer, a frozen parameter, a float8 parameter, and a
-non-persistent frequency table computed in `__init__` that its `rebuild_buffers(device)` hook
-recomputes after a meta build. `prepare_decode_dtype(dtype)` holds the decoder's weights in bf16
-or fp16.
+temporal modulation whose frequency table it computes at call time. It has no buffer computed in
+`__init__`: what a loader does with those is VAE-9's alone, so VAE-9's own fixtures carry them
+(SPEC, "One defect, its rules only"). `prepare_decode_dtype(dtype)` holds the decoder's weights
+in bf16 or fp16.
 
 Each violator is a `StandardVAE` with exactly one thing changed.
 """
@@ -55,19 +56,33 @@ class ResBlock3d(nn.Module):
 
 
 class TemporalModulation(nn.Module):
-    """Scales each frame by a cosine of a frequency table: a non-persistent buffer."""
+    """Scales each frame by a cosine of a frequency table, computed when called: no state."""
 
     def __init__(self, channels: int, frames: int) -> None:
         super().__init__()
         self.channels, self.frames = channels, frames
-        self.register_buffer("freqs", frequency_table(channels, frames), persistent=False)
+
+    def table(self, x: torch.Tensor) -> torch.Tensor:
+        return frequency_table(self.channels, self.frames, torch.device("cpu")).to(x.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        table = self.freqs[: x.shape[2]].to(x.dtype)  # type: ignore[index]
+        table = self.table(x)[: x.shape[2]].to(x.dtype)
         return x * (1 + 0.1 * torch.cos(table)).t()[None, :, :, None, None]
 
 
-class RebuildingTemporalModulation(TemporalModulation):
+class BufferedTemporalModulation(TemporalModulation):
+    """The same, its table computed in `__init__` as a non-persistent buffer (VAE-9)."""
+
+    def __init__(self, channels: int, frames: int) -> None:
+        super().__init__(channels, frames)
+        self.register_buffer("freqs", frequency_table(channels, frames), persistent=False)
+
+    def table(self, x: torch.Tensor) -> torch.Tensor:
+        freqs: torch.Tensor = self.freqs
+        return freqs
+
+
+class RebuildingTemporalModulation(BufferedTemporalModulation):
     """The same, with the hook that recomputes the table after a meta build."""
 
     def rebuild_buffers(self, device: torch.device) -> None:
@@ -94,7 +109,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.conv_in = nn.Conv3d(c.latent_channels, c.hidden, 3, padding=1)
         self.block = ResBlock3d(c.hidden, c.groups)
-        self.temporal: TemporalModulation = RebuildingTemporalModulation(c.hidden, c.frames)
+        self.temporal: TemporalModulation = TemporalModulation(c.hidden, c.frames)
         self.channel_mix = weight_norm(nn.Linear(c.hidden, c.hidden))
         # float8 with the default requires_grad=True: a loader must not keep that flag (VAE-10).
         self.fp8_bias = nn.Parameter(torch.zeros(c.hidden, dtype=torch.float8_e4m3fn))
@@ -252,14 +267,13 @@ class ExtraStateVAE(StandardVAE):
         self.decoder.codebook = CodebookState()
 
 
-class LateParamsTemporalModulation(RebuildingTemporalModulation):
+class LateParamsTemporalModulation(TemporalModulation):
     def rebuild_buffers(self, device: torch.device) -> None:
-        super().rebuild_buffers(device)
         self.register_parameter("gain", nn.Parameter(torch.ones(self.channels, device=device)))
 
 
 class LateParamsVAE(StandardVAE):
-    """VAE-5: a hook registers a parameter after construction."""
+    """VAE-5: the reference's post-load hook (`rebuild_buffers`) registers a parameter."""
 
     def __init__(self, config: VAEConfig | None = None) -> None:
         super().__init__(config)
@@ -291,10 +305,20 @@ class PlainBufferVAE(StandardVAE):
     def __init__(self, config: VAEConfig | None = None) -> None:
         super().__init__(config)
         c = self.config
-        self.decoder.temporal = TemporalModulation(c.hidden, c.frames)
+        self.decoder.temporal = BufferedTemporalModulation(c.hidden, c.frames)
 
 
-class FollowingTemporalModulation(TemporalModulation):
+class HookedBufferVAE(StandardVAE):
+    """VAE-9: the table computed in `__init__`, with the reference's `rebuild_buffers(device)`
+    hook beside it (which recomputes it after a meta build)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        self.decoder.temporal = RebuildingTemporalModulation(c.hidden, c.frames)
+
+
+class FollowingTemporalModulation(BufferedTemporalModulation):
     """Computes its table on a given device: its owner passes the device of one of its own
     parameters, as code that follows the module's device does. Under a meta build that device
     is `meta`, so the table is on meta however the build treats buffers."""
@@ -334,7 +358,7 @@ class RebuiltBufferVAE(StandardVAE):
         self.decoder.temporal = RebuildingFollowingTemporalModulation(c.hidden, c.frames, device)
 
 
-class ExplicitDeviceTemporalModulation(TemporalModulation):
+class ExplicitDeviceTemporalModulation(BufferedTemporalModulation):
     def __init__(self, channels: int, frames: int) -> None:
         super().__init__(channels, frames)
         # An explicit device wins over the default device, so a meta build keeps this buffer real.

@@ -8,7 +8,7 @@ loader's reader.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +41,13 @@ def write_vae_checkpoint(
     *,
     shards: int = 1,
     metadata: Mapping[str, str] | None = None,
+    metadata_in: Sequence[int] | None = None,
 ) -> Path:
-    """A single file (`shards=1`) or shards plus an index; returns the path to load from."""
-    return write_checkpoint(state, folder, shards=shards, metadata=metadata)
+    """A single file (`shards=1`) or shards plus an index; returns the path to load from.
+    `metadata_in`: the shards carrying `metadata` (default every one)."""
+    return write_checkpoint(
+        state, folder, shards=shards, metadata=metadata, metadata_in=metadata_in
+    )
 
 
 def _conv_weight(state: Mapping[str, torch.Tensor]) -> str:

@@ -61,11 +61,14 @@ class Checkpoint:
         files: the safetensors files, in load order.
         tensors: every tensor by name; each name appears in exactly one file.
         metadata: the `__metadata__` of the first file (where configs sometimes hide).
+        file_metadata: the `__metadata__` of every file, by file (a shard may declare what the
+            first does not).
     """
 
     files: tuple[Path, ...]
     tensors: Mapping[str, TensorInfo]
     metadata: Mapping[str, str] = field(default_factory=dict)
+    file_metadata: Mapping[Path, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -120,6 +123,17 @@ def _merge(headers: list[ShardHeader]) -> dict[str, TensorInfo]:
     return tensors
 
 
+def _checkpoint(
+    files: tuple[Path, ...], tensors: dict[str, TensorInfo], headers: list[ShardHeader]
+) -> Checkpoint:
+    return Checkpoint(
+        files,
+        tensors,
+        headers[0].metadata if headers else {},
+        {header.path: header.metadata for header in headers},
+    )
+
+
 def _open_index(index_path: Path) -> Checkpoint:
     weight_map = _read_index(index_path)
     files = tuple(dict.fromkeys(weight_map.values()))
@@ -147,7 +161,7 @@ def _open_index(index_path: Path) -> Checkpoint:
         raise checkpoint_error(
             tensors[unlisted[0]].file, unlisted[0], "tensor is in a shard but not in the index"
         )
-    return Checkpoint(files, tensors, headers[0].metadata if headers else {})
+    return _checkpoint(files, tensors, headers)
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -176,11 +190,11 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 refuse_pickle(pickles[0])
             raise checkpoint_error(path, None, "holds no *.safetensors file")
         headers = [read_header(f) for f in files]
-        return Checkpoint(tuple(files), _merge(headers), headers[0].metadata)
+        return _checkpoint(tuple(files), _merge(headers), headers)
     if path.name.endswith(INDEX_SUFFIX):
         return _open_index(path)
     header = read_header(path)
-    return Checkpoint((path,), _merge([header]), header.metadata)
+    return _checkpoint((path,), _merge([header]), [header])
 
 
 _PROGRESS: ContextVar[Callable[[int], object] | None] = ContextVar("progress", default=None)

@@ -23,6 +23,7 @@ complete module or an exception, never a half-loaded module (CKPT-5).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -80,19 +81,23 @@ def refuse_unsupported_config(
         )
 
 
-def refuse_quantized_metadata(component: str, metadata: Mapping[str, str], file: str) -> None:
-    """VAE-12: a checkpoint whose own metadata declares quantization is refused.
+def refuse_quantized_metadata(
+    component: str, file_metadata: Mapping[Path, Mapping[str, str]]
+) -> None:
+    """VAE-12b: a checkpoint whose own metadata (in any of its files) declares quantization is
+    refused.
 
     Raises:
         ComponentCheckpointUnsupportedError: naming the key and the file.
     """
-    found = [key for key in QUANTIZATION_KEYS if key in metadata]
-    if found:
-        raise ComponentCheckpointUnsupportedError(
-            f"{component}: {file} declares {found[0]} in its metadata; direct VAE loading does"
-            " not load quantized checkpoints and does not fall back to a generic loader. Drop"
-            f" the direct-loading flag for {component}"
-        )
+    for file, metadata in file_metadata.items():
+        found = [key for key in QUANTIZATION_KEYS if key in metadata]
+        if found:
+            raise ComponentCheckpointUnsupportedError(
+                f"{component}: {file.name} declares {found[0]} in its metadata; direct VAE"
+                " loading does not load quantized checkpoints and does not fall back to a"
+                f" generic loader. Drop the direct-loading flag for {component}"
+            )
 
 
 class _MetaState:
@@ -250,7 +255,7 @@ def load_vae(
     start = time.perf_counter()
     refuse_unsupported_config(component, config, quantization)
     checkpoint = open_checkpoint(checkpoint_path)
-    refuse_quantized_metadata(component, checkpoint.metadata, checkpoint.files[0].name)
+    refuse_quantized_metadata(component, checkpoint.file_metadata)
     module = build_on_meta(build, component=component)
     refuse_unrebuildable_buffers(module, component=component)
     if decode_dtype is not None:

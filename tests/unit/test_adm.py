@@ -149,7 +149,19 @@ def test_declared_selections_and_unselected_unknowns_pass(
 ) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
-        component_direct_gpu_weight_loading={"vae": True, "video-vae": True, "nope": False},
+        component_direct_gpu_weight_loading={"vae": True, "video-vae": True},
+    )
+    loader.admit(pipeline_dir, args, platform=CUDA)
+
+
+@pytest.mark.capability(ADMISSION)
+@pytest.mark.rule("ADM-1")
+@pytest.mark.reference_only("an undeclared component set to false may be refused or ignored")
+def test_reference_ignores_an_undeclared_component_set_to_false(
+    loader: SeamLoader, pipeline_dir: Path
+) -> None:
+    args = loader.make_server_args(
+        runtime_device=ACCEL, component_direct_gpu_weight_loading={"vae": True, "nope": False}
     )
     loader.admit(pipeline_dir, args, platform=CUDA)
 
@@ -484,7 +496,7 @@ def test_loader_gate_answers_per_component(
 
 
 @pytest.mark.capability(ADMISSION, PIPELINES)
-@pytest.mark.rule("ADM-4", "DG-3")
+@pytest.mark.rule("ADM-4", "DG-3b")
 @pytest.mark.parametrize(
     ("component", "options"),
     [
@@ -539,7 +551,7 @@ def test_every_gate_reads_the_one_table(mocker: MockerFixture) -> None:
 
 
 @pytest.mark.capability(ADMISSION)
-@pytest.mark.rule("ADM-4", "DG-3")
+@pytest.mark.rule("ADM-4", "DG-3b")
 @pytest.mark.reference_only("calls the reference's three gates directly")
 def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
     from reference import admission
@@ -580,11 +592,46 @@ def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
     assert all(rule in admission.rules_for(gate) for gate in ("pipeline", "arguments", "loader"))
 
 
-# --- DG-3: a quantized DiT is refused for direct loading ------------------------------------------
+# --- DG-3, DG-3b: a quantized DiT is refused for direct loading -----------------------------------
+
+
+@pytest.mark.capability(PIPELINES)
+@pytest.mark.rule("DG-3")
+@pytest.mark.parametrize(
+    ("component", "options"),
+    [
+        ("transformer", {}),
+        ("transformer_2", {}),
+        ("transformer_3", {"quantization": FP8}),
+    ],
+    ids=["config", "config-second", "quantization-flag"],
+)
+def test_quantized_direct_dit_is_refused_before_any_tensor_data_is_read(
+    loader: SeamLoader, big_pipeline: Path, component: str, options: dict[str, Any]
+) -> None:
+    """DG-3 on the load path, whatever refuses it and with whatever ValueError: a quantized DiT
+    (by its own config.json, or by a quantization request) asked for direct loading is refused
+    before a byte of its tensor data is read."""
+    files = sorted((big_pipeline / component).glob("*.safetensors"))
+    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        errors.append(
+            refusal(
+                lambda: loader.load_pipeline_component(
+                    big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
+                )
+            )
+        )
+
+    reads = watch(load)
+    assert_names_component(errors[0], component)
+    reads.assert_no_data_read(data_bytes(*files))
 
 
 @pytest.mark.capability(ADMISSION)
-@pytest.mark.rule("DG-3")
+@pytest.mark.rule("DG-3b")
 @pytest.mark.parametrize("component", ["transformer", "transformer_2"])
 @pytest.mark.parametrize("method", ["fp8", "gguf", "modelopt_fp8"])
 def test_quantized_dit_in_its_own_config_is_refused_at_admission(
@@ -600,7 +647,7 @@ def test_quantized_dit_in_its_own_config_is_refused_at_admission(
 
 
 @pytest.mark.capability(ADMISSION)
-@pytest.mark.rule("DG-3")
+@pytest.mark.rule("DG-3b")
 @pytest.mark.parametrize(
     "quantization",
     [FP8, QuantizationSpec("fp8", serialized=True), QuantizationSpec("mxfp4")],

@@ -99,7 +99,7 @@ def test_loader_refusal_says_what_it_supports(
     )
 
 
-@pytest.mark.rule("DG-3")
+@pytest.mark.rule("DG-3b")
 @pytest.mark.parametrize(
     ("checkpoint", "source"),
     [

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from fakes.judge import refusal
+from fakes.judge import assert_names, loaded_or_refused, refusal
 from fakes.vae import (
     ABI_FUNCTIONS,
     HOOK_KINDS,
@@ -27,6 +27,7 @@ from fakes.vae import (
     ExtraEntryVAE,
     ExtraStateVAE,
     HalfDecoderVAE,
+    HookedBufferVAE,
     IntegerParameterVAE,
     LateParamsVAE,
     LazyVAE,
@@ -392,7 +393,7 @@ def test_torch_shipped_overrides_and_hooks_count_as_standard(
 @pytest.mark.rule("VAE-4")
 def test_slots_are_parameters_and_persistent_buffers_only(loader: SeamLoader) -> None:
     with torch.device("meta"):
-        model = StandardVAE(CONFIG)
+        model = ExplicitBufferVAE(CONFIG)  # its non-persistent table stays real on a meta build
     expected = {name for name, _ in model.named_parameters()} | {
         "latent_scale",
         "encoder.norm.running_mean",
@@ -414,7 +415,7 @@ def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
 ) -> None:
     state = _state(config=BIG) | {"decoder.temporal.freqs": torch.ones(BIG.frames, BIG.hidden)}
     path = write_vae_checkpoint(state, tmp_path)
-    build = RecordingBuild(config=BIG)
+    build = RecordingBuild(ExplicitBufferVAE, BIG)
     refused_before_reading(
         lambda: loader.load_vae(build, path, device=runtime_device),
         path,
@@ -422,15 +423,28 @@ def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
     )
 
 
-@pytest.mark.rule("VAE-4")
-def test_lazy_parameters_are_refused_by_name(
-    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
+@pytest.mark.rule("VAE-4b")
+def test_lazy_parameters_are_refused_by_name_before_reading(
+    loader: SeamLoader,
+    runtime_device: torch.device,
+    big_checkpoints: Callable[..., Path],
+    evidence: None,
 ) -> None:
-    path = write_vae_checkpoint(_state(), tmp_path)
-    refusal(
-        lambda: loader.load_vae(RecordingBuild(LazyVAE), path, device=runtime_device),
+    """A lazy layer's parameters are settled by its first forward: refused by name before any
+    tensor data is read (the checkpoint fits the standard VAE, so only the lazy slot differs)."""
+    path = big_checkpoints(StandardVAE)
+    refused_before_reading(
+        lambda: loader.load_vae(RecordingBuild(LazyVAE, BIG), path, device=runtime_device),
+        path,
         "decoder.conv_in.weight",
     )
+
+
+@pytest.mark.rule("VAE-4b")
+def test_lazy_state_is_refused_by_the_slot_check_too(loader: SeamLoader) -> None:
+    with torch.device("meta"):
+        model = LazyVAE(CONFIG)
+    refusal(lambda: loader.vae_state_slots(model), "decoder.conv_in.weight")
 
 
 @pytest.mark.rule("VAE-5")
@@ -449,6 +463,7 @@ def test_state_dict_keys_that_are_not_slots_are_refused_before_reading(
 
 
 @pytest.mark.rule("VAE-5")
+@pytest.mark.reference_only("the state a reference hook (rebuild_buffers) adds after the stream")
 def test_parameters_registered_after_construction_by_a_hook_are_refused(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
@@ -695,7 +710,7 @@ def test_nothing_is_left_on_meta(
     path = write_vae_checkpoint(_state(), tmp_path)
     module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
     tensors = [*module.named_parameters(), *module.named_buffers()]
-    assert len(tensors) == len(_state()) + 1  # every slot, plus the non-persistent buffer
+    assert len(tensors) == len(_state())  # every slot (the standard VAE has no other buffer)
     assert [name for name, t in tensors if t.is_meta or not _on(runtime_device, t)] == []
 
 
@@ -705,7 +720,7 @@ def test_nothing_is_left_on_meta(
 @pytest.mark.rule("VAE-9")
 @pytest.mark.parametrize(
     "cls",
-    [StandardVAE, ExplicitBufferVAE, PlainBufferVAE, RebuiltBufferVAE],
+    [HookedBufferVAE, ExplicitBufferVAE, PlainBufferVAE, RebuiltBufferVAE],
     ids=["hook-on-a-real-buffer", "explicit-device", "computed-in-init", "meta-then-hook"],
 )
 def test_non_persistent_buffers_hold_their_constructed_values(
@@ -713,12 +728,24 @@ def test_non_persistent_buffers_hold_their_constructed_values(
 ) -> None:
     """After a direct load each buffer equals an ordinary construction's: the table computed in
     `__init__` (a plain meta build leaves it on meta, and nothing rebuilds it) must be built
-    real; the one that follows a parameter onto meta must be rebuilt by its hook."""
+    real. The one that follows a parameter onto meta comes back real only through a module
+    hook (the reference's `rebuild_buffers`): a loader that has no such hook conforms by
+    refusing it, naming the buffer (VAE-9: "where neither applies, the load fails")."""
     if cls in (PlainBufferVAE, RebuiltBufferVAE):
         with torch.device("meta"):
             assert cls(CONFIG).get_buffer("decoder.temporal.freqs").is_meta
     path = write_vae_checkpoint(_state(), tmp_path)
-    module, _ = loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
+    if cls is RebuiltBufferVAE:
+        loaded, refused = loaded_or_refused(
+            lambda: loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
+        )
+        if refused is not None:
+            assert_names(refused, "decoder.temporal.freqs")
+            return
+        assert loaded is not None
+        module = loaded[0]
+    else:
+        module, _ = loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
     ordinary = cls(CONFIG)
     freqs = module.get_buffer("decoder.temporal.freqs")
     assert not freqs.is_meta
@@ -907,16 +934,36 @@ def test_reference_words_the_decode_dtype_refusal(
 # --- VAE-12: quantized or custom code -------------------------------------------------------------
 
 
-@pytest.mark.rule("VAE-12")
+QUANTIZED = {"quant_method": "fp8"}
+VAE_12 = pytest.mark.rule("VAE-12")
+VAE_12B = pytest.mark.rule("VAE-12b")
+
+
 @pytest.mark.parametrize(
-    ("config", "metadata", "quantization", "words"),
+    ("config", "metadata", "quantization", "words", "shards"),
     [
-        ({"quantization_config": {"quant_method": "fp8"}}, None, None, "quantization_config"),
-        ({"_class_name": "AutoencoderKLWan"}, {"quant_method": "fp8"}, None, "quant_method"),
-        (None, None, QuantizationSpec("fp8"), "fp8"),
-        ({"auto_map": {"AutoModel": "my_vae.MyVAE"}}, None, None, "auto_map"),
+        pytest.param(
+            {"quantization_config": QUANTIZED}, None, None, "quantization_config", 1, marks=VAE_12
+        ),
+        pytest.param(None, None, QuantizationSpec("fp8"), "fp8", 1, marks=VAE_12),
+        pytest.param(
+            {"auto_map": {"AutoModel": "my_vae.MyVAE"}}, None, None, "auto_map", 1, marks=VAE_12
+        ),
+        # Declared only in the safetensors files' own __metadata__ (config.json says nothing).
+        pytest.param(
+            {"_class_name": "AutoencoderKLWan"}, QUANTIZED, None, "quant_method", 1, marks=VAE_12B
+        ),
+        pytest.param(
+            {"_class_name": "AutoencoderKLWan"}, QUANTIZED, None, "quant_method", 3, marks=VAE_12B
+        ),
     ],
-    ids=["config-quantized", "checkpoint-metadata-quantized", "quantization-request", "auto-map"],
+    ids=[
+        "config-quantized",
+        "quantization-request",
+        "auto-map",
+        "checkpoint-metadata-quantized",
+        "every-shard-metadata-quantized",
+    ],
 )
 def test_quantized_or_custom_code_vae_is_refused_without_fallback(
     loader: SeamLoader,
@@ -928,8 +975,9 @@ def test_quantized_or_custom_code_vae_is_refused_without_fallback(
     metadata: dict[str, str] | None,
     quantization: QuantizationSpec | None,
     words: str,
+    shards: int,
 ) -> None:
-    path = big_checkpoints(StandardVAE, 1, metadata)
+    path = big_checkpoints(StandardVAE, shards, metadata)
     build = RecordingBuild(config=BIG)
     refused_before_reading(
         lambda: loader.load_vae(
@@ -946,3 +994,19 @@ def test_quantized_or_custom_code_vae_is_refused_without_fallback(
         error=ComponentCheckpointUnsupportedError,
     )
     assert build.built == []
+
+
+@pytest.mark.rule("VAE-12b")
+def test_quantization_declared_by_a_later_shard_alone_is_refused(
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, evidence: None
+) -> None:
+    """Only the last of three shards declares the quantization in its metadata: a loader that
+    reads the first file's metadata alone misses it."""
+    state = dict(randomized_state(StandardVAE(BIG), 0))
+    path = write_vae_checkpoint(state, tmp_path, shards=3, metadata=QUANTIZED, metadata_in=[2])
+    refused_before_reading(
+        lambda: loader.load_vae(RecordingBuild(config=BIG), path, device=runtime_device),
+        path,
+        "quant_method",
+        error=ComponentCheckpointUnsupportedError,
+    )
