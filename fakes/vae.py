@@ -78,8 +78,7 @@ class BufferedTemporalModulation(TemporalModulation):
         self.register_buffer("freqs", frequency_table(channels, frames), persistent=False)
 
     def table(self, x: torch.Tensor) -> torch.Tensor:
-        freqs: torch.Tensor = self.freqs
-        return freqs
+        return self.get_buffer("freqs")
 
 
 class RebuildingTemporalModulation(BufferedTemporalModulation):

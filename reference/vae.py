@@ -23,12 +23,12 @@ complete module or an exception, never a half-loaded module (CKPT-5).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 
 import torch
 from torch import nn
