@@ -29,6 +29,8 @@ class BadCheckpoint:
         file: the file name the error must name.
         entry: the tensor or field the error must name, or None for the whole file.
         words: a fragment of the expected message.
+        also: other entries whose naming conforms as well, where one fault can be told from
+            either side (two tensors that overlap: CKPT-4).
     """
 
     case: str
@@ -36,6 +38,12 @@ class BadCheckpoint:
     file: str
     entry: str | None
     words: str
+    also: tuple[str, ...] = ()
+
+    @property
+    def entries(self) -> tuple[str | None, ...]:
+        """Every entry an error may name and conform: `entry`, then `also`."""
+        return (self.entry, *self.also)
 
 
 def small_state() -> dict[str, torch.Tensor]:
@@ -139,15 +147,28 @@ def _offsets_outside(folder: Path) -> BadCheckpoint:
 
 
 def _offsets_overlap(folder: Path) -> BadCheckpoint:
+    """`proj.weight` starts 16 bytes inside `proj.bias`; the data section is cut to match, so
+    the overlap is the only fault (no gap, no trailing bytes) and either tensor may be named."""
+
     def edit(h: dict[str, object], d: bytes) -> bytes:
-        weight = _entry(h, "proj.weight")["data_offsets"]
-        assert isinstance(weight, list)
-        _entry(h, "proj.bias")["data_offsets"] = [weight[0], weight[0] + 32]
-        return join(h, d)
+        offsets = {name: _entry(h, name)["data_offsets"] for name in small_state()}
+        assert offsets == {
+            "proj.bias": [0, 32],
+            "proj.weight": [32, 160],
+            "norm.weight": [160, 168],
+        }, offsets
+        _entry(h, "proj.weight")["data_offsets"] = [16, 144]
+        _entry(h, "norm.weight")["data_offsets"] = [144, 152]
+        return join(h, d[:32] + d[48:160] + d[160:])
 
     path = _rewrite(folder, edit)
     return BadCheckpoint(
-        "offsets-overlap", path, path.name, "proj.weight", "overlaps tensor 'proj.bias'"
+        "offsets-overlap",
+        path,
+        path.name,
+        "proj.weight",
+        "overlaps tensor 'proj.bias'",
+        also=("proj.bias",),
     )
 
 

@@ -49,12 +49,20 @@ class PickleCase:
         file: the file the error must name, or None when the load must succeed (the pickle sits
             beside valid safetensors and is never looked at).
         words: a fragment of the expected message.
+        or_named: another file or folder whose naming conforms as well (CKPT-1: a folder or an
+            index that offers only pickles may be refused naming it instead of the pickle).
     """
 
     case: str
     path: Path
     file: str | None
     words: str
+    or_named: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a refusal may give and conform."""
+        return tuple(n for n in (self.file, self.or_named) if n is not None)
 
 
 def _raw(folder: Path, marker: Path) -> PickleCase:
@@ -72,7 +80,9 @@ def _torch_zip(folder: Path, marker: Path) -> PickleCase:
 def _only_pickle_in_folder(folder: Path, marker: Path) -> PickleCase:
     path = folder / "diffusion_pytorch_model.bin"
     path.write_bytes(pickle.dumps(trap_state(marker)))
-    return PickleCase("folder-of-pickles", folder, path.name, "pickle checkpoint")
+    return PickleCase(
+        "folder-of-pickles", folder, path.name, "pickle checkpoint", or_named=folder.name
+    )
 
 
 def _index_names_pickle(folder: Path, marker: Path) -> PickleCase:
@@ -80,7 +90,9 @@ def _index_names_pickle(folder: Path, marker: Path) -> PickleCase:
     shard.write_bytes(pickle.dumps(trap_state(marker)))
     index = folder / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": dict.fromkeys(small_state(), shard.name)}))
-    return PickleCase("index-names-a-pickle", index, shard.name, "pickle checkpoint")
+    return PickleCase(
+        "index-names-a-pickle", index, shard.name, "pickle checkpoint", or_named=index.name
+    )
 
 
 def _disguised(folder: Path, marker: Path) -> PickleCase:

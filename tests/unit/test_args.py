@@ -18,7 +18,7 @@ import torch
 from fakes.judge import refusal
 from fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
 from fakes.platform import FakePlatform
-from reference.kit.seam import ADMISSION, CLI_ARGS, PIPELINES, SeamLoader
+from reference.kit.seam import ADMISSION, CLI_ARGS, SeamLoader
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)
@@ -49,8 +49,8 @@ def spellings(component: str) -> tuple[str, str]:
 # --- DG-1: the DiT flag on the command line -------------------------------------------------------
 
 
-@pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("DG-1")
 def test_direct_flag_is_off_by_default(loader: SeamLoader) -> None:
     args, rest = loader.parse_server_args(["--zz-unrelated-option", "1"])
     assert args.direct_gpu_weight_loading is False
@@ -73,8 +73,8 @@ def dit_flag_cases(*flags: str) -> list[tuple[list[str], bool]]:
     return cases
 
 
-@pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("DG-1")
 @pytest.mark.parametrize(("argv", "expected"), dit_flag_cases(DIT), ids=str)
 def test_direct_flag_values(loader: SeamLoader, argv: list[str], expected: bool) -> None:
     args, rest = loader.parse_server_args(argv)
@@ -82,8 +82,8 @@ def test_direct_flag_values(loader: SeamLoader, argv: list[str], expected: bool)
     assert rest == [a for a in argv if a in ("--zz-unrelated-option", "1")]
 
 
-@pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("DG-1")
 @pytest.mark.reference_only("the underscore spelling is free (DG-1): the reference accepts it")
 @pytest.mark.parametrize(("argv", "expected"), dit_flag_cases(DIT_U), ids=str)
 def test_reference_accepts_the_underscore_spelling(
@@ -102,14 +102,15 @@ def refused_dit_values() -> list[list[str]]:
     return cases
 
 
-@pytest.mark.rule("DG-1")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("DG-1")
 @pytest.mark.parametrize("argv", refused_dit_values(), ids=str)
 def test_direct_flag_other_values_are_errors(loader: SeamLoader, argv: list[str]) -> None:
     error = refusal(lambda: loader.parse_server_args(["--zz-unrelated-option", "1", *argv]))
     assert_names_one_of(error, DIT, DIT_U)
 
 
+@pytest.mark.capability(CLI_ARGS)
 @pytest.mark.rule("DG-1")
 @pytest.mark.reference_only("checks the reference's wording")
 def test_direct_flag_error_wording() -> None:
@@ -144,8 +145,8 @@ def component_flag_cases() -> list[tuple[list[str], dict[str, bool]]]:
     return cases
 
 
-@pytest.mark.rule("ARGS-1")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-1")
 @pytest.mark.parametrize(("argv", "expected"), component_flag_cases(), ids=str)
 def test_component_flag_forms(
     loader: SeamLoader, argv: list[str], expected: dict[str, bool]
@@ -168,8 +169,8 @@ def bad_value_cases() -> list[tuple[list[str], str]]:
     return cases
 
 
-@pytest.mark.rule("ARGS-2")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-2")
 @pytest.mark.parametrize(("argv", "component"), bad_value_cases(), ids=str)
 def test_component_flag_bad_values_name_the_flag(
     loader: SeamLoader, argv: list[str], component: str
@@ -179,8 +180,8 @@ def test_component_flag_bad_values_name_the_flag(
     assert_names_one_of(error, *spellings(component))
 
 
-@pytest.mark.rule("ARGS-2")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-2")
 @pytest.mark.parametrize(
     "argv",
     [
@@ -195,8 +196,8 @@ def test_empty_component_is_an_error_naming_the_flag(loader: SeamLoader, argv: l
     assert_names_one_of(error, SEL, SEL_U)
 
 
-@pytest.mark.rule("ARGS-2")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-2")
 @pytest.mark.parametrize(
     ("argv", "component"),
     [
@@ -216,6 +217,7 @@ def test_one_component_with_different_values_is_an_error(
     assert_names_one_of(error, *spellings(component))
 
 
+@pytest.mark.capability(CLI_ARGS)
 @pytest.mark.rule("ARGS-2")
 @pytest.mark.reference_only("checks the reference's wording")
 @pytest.mark.parametrize(
@@ -258,8 +260,8 @@ UNRELATED = [
 ]
 
 
-@pytest.mark.rule("ARGS-3")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-3")
 def test_unrelated_arguments_pass_through_in_order(loader: SeamLoader) -> None:
     argv = [
         *UNRELATED[:4],
@@ -283,8 +285,8 @@ def test_unrelated_arguments_pass_through_in_order(loader: SeamLoader) -> None:
     assert argv == given  # the caller's list is not modified
 
 
-@pytest.mark.rule("ARGS-3")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-3")
 def test_without_loading_options_everything_passes_through(loader: SeamLoader) -> None:
     args, rest = loader.parse_server_args(UNRELATED)
     assert rest == UNRELATED
@@ -295,8 +297,8 @@ def test_without_loading_options_everything_passes_through(loader: SeamLoader) -
 # --- ARGS-4: programmatic construction validates too ----------------------------------------------
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 @pytest.mark.parametrize("value", ["true", "True", 1, 0, None, 1.0], ids=repr)
 @pytest.mark.parametrize("name", ["vae", "video-vae"])
 def test_construction_refuses_component_values_that_are_not_bools(
@@ -310,8 +312,8 @@ def test_construction_refuses_component_values_that_are_not_bools(
     assert_names_one_of(error, *spellings(name))
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 def test_construction_refuses_an_empty_component_name(loader: SeamLoader) -> None:
     refusal(
         lambda: loader.make_server_args(
@@ -320,8 +322,8 @@ def test_construction_refuses_an_empty_component_name(loader: SeamLoader) -> Non
     )
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 def test_construction_refuses_two_spellings_with_different_values(loader: SeamLoader) -> None:
     error = refusal(
         lambda: loader.make_server_args(
@@ -332,8 +334,8 @@ def test_construction_refuses_two_spellings_with_different_values(loader: SeamLo
     assert_names_one_of(error, *spellings("video_vae"))
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 @pytest.mark.parametrize("value", ["true", "False", 1, 0, None], ids=repr)
 def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
     loader: SeamLoader, value: object
@@ -344,8 +346,8 @@ def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
     assert_names_one_of(error, "direct_gpu_weight_loading", DIT)
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 @pytest.mark.parametrize("value", [True, False])
 def test_construction_accepts_real_bools(loader: SeamLoader, value: bool) -> None:
     args = loader.make_server_args(
@@ -357,8 +359,8 @@ def test_construction_accepts_real_bools(loader: SeamLoader, value: bool) -> Non
     assert dict(args.component_direct_gpu_weight_loading) == {"vae": value, "audio_vae": not value}
 
 
-@pytest.mark.rule("ARGS-4")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-4")
 def test_construction_normalises_names(loader: SeamLoader) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,
@@ -367,6 +369,7 @@ def test_construction_normalises_names(loader: SeamLoader) -> None:
     assert dict(args.component_direct_gpu_weight_loading) == {"video_vae": True, "vae": False}
 
 
+@pytest.mark.capability(CLI_ARGS)
 @pytest.mark.rule("ARGS-4")
 @pytest.mark.reference_only("the reference's choices and wording beyond the rule")
 @pytest.mark.parametrize(
@@ -388,8 +391,8 @@ def test_construction_error_wording(selection: dict[str, object], words: str) ->
 # --- ARGS-5: the per-component question -----------------------------------------------------------
 
 
-@pytest.mark.rule("ARGS-5")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-5")
 def test_should_direct_load_answers_by_exact_normalised_name(loader: SeamLoader) -> None:
     """Asked by the normalised name; whether the query itself is normalised is left free."""
     args, _ = loader.parse_server_args([f"{SEL}.video-vae", f"{SEL_U}.audio_vae=false"])
@@ -405,8 +408,8 @@ def test_should_direct_load_answers_by_exact_normalised_name(loader: SeamLoader)
     assert built.should_direct_gpu_weight_load_component("VIDEO_VAE") is False
 
 
-@pytest.mark.rule("ARGS-5")
 @pytest.mark.capability(CLI_ARGS)
+@pytest.mark.rule("ARGS-5")
 def test_should_direct_load_is_false_by_default(loader: SeamLoader) -> None:
     for args in (
         loader.make_server_args(runtime_device=ACCEL),
@@ -433,8 +436,8 @@ def two_dits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_pipeline(tmp_path_factory.mktemp("two_dits"), TWO_DITS)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-2")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 @pytest.mark.parametrize(
     ("device", "platform"),
     [
@@ -463,8 +466,8 @@ DG2_REFUSALS = [
 ]
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-2")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 @pytest.mark.parametrize(("options", "platform"), DG2_REFUSALS)
 def test_direct_dit_refusals_name_the_flag(
     loader: SeamLoader, one_dit: Path, options: dict[str, object], platform: FakePlatform
@@ -477,6 +480,7 @@ def test_direct_dit_refusals_name_the_flag(
     loader.admit(one_dit, loader.make_server_args(**options), platform=platform)  # type: ignore[arg-type]
 
 
+@pytest.mark.capability(CLI_ARGS)
 @pytest.mark.rule("DG-2")
 @pytest.mark.reference_only("checks the reference's wording of the cause and the fix")
 @pytest.mark.parametrize(
@@ -505,8 +509,8 @@ def test_direct_dit_refusal_wording(
     assert "'transformer'" in str(info.value)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-2")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 def test_component_offload_entry_false_keeps_the_dit_resident(
     loader: SeamLoader, one_dit: Path
 ) -> None:
@@ -518,8 +522,8 @@ def test_component_offload_entry_false_keeps_the_dit_resident(
     loader.admit(one_dit, args, platform=CUDA)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-7")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 @pytest.mark.parametrize(
     ("offloaded", "named"),
     [
@@ -542,14 +546,13 @@ def test_residency_is_checked_for_every_transformer(
     loader.admit(two_dits, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-7")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 @pytest.mark.parametrize(
     "options",
     [
         {"dit_layerwise_offload": True},
         {"dit_cpu_offload": True},
-        {"tp_size": 4},
     ],
     ids=str,
 )
@@ -567,8 +570,39 @@ def test_dit_refusal_names_every_transformer(
         assert names_component(str(error), name), f"does not name {name!r}: {error}"
 
 
+@pytest.mark.capability(ADMISSION)
 @pytest.mark.rule("DG-7")
-@pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
+@pytest.mark.parametrize(
+    ("options", "platform", "causes"),
+    [
+        ({"tp_size": 4}, CUDA, ("tp-size", "tp_size", "tensor parallel", "tensor-parallel")),
+        ({"fsdp_inference": True}, CUDA, ("fsdp",)),
+        ({}, FakePlatform(cuda=False), ("cuda",)),
+    ],
+    ids=["tp", "fsdp", "no-cuda"],
+)
+def test_a_global_cause_names_the_flag_and_the_cause(
+    loader: SeamLoader,
+    two_dits: Path,
+    options: dict[str, object],
+    platform: FakePlatform,
+    causes: tuple[str, ...],
+) -> None:
+    """A refusal whose cause is global names the flag and the cause; naming each component
+    is not required (DG-7)."""
+    args = loader.make_server_args(
+        runtime_device=ACCEL,
+        direct_gpu_weight_loading=True,
+        **options,  # type: ignore[arg-type]
+    )
+    error = refusal(lambda: loader.admit(two_dits, args, platform=platform))
+    assert_names_one_of(error, DIT, DIT_U)
+    message = str(error).lower()
+    assert any(cause in message for cause in causes), f"names no cause {causes}: {error}"
+
+
+@pytest.mark.capability(ADMISSION)
+@pytest.mark.rule("DG-7")
 def test_undeclared_second_transformer_is_not_checked(loader: SeamLoader, one_dit: Path) -> None:
     args = loader.make_server_args(
         runtime_device=ACCEL,

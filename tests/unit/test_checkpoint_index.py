@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fakes.judge import refusal
+from fakes.judge import assert_names, loaded_or_refused, refusal
 from reference.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 from reference.errors import CheckpointError
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
@@ -83,13 +83,41 @@ def test_two_indexes_in_one_folder_are_refused(loader: SeamLoader, tmp_path: Pat
     refused(loader, folder, folder.name)
 
 
-@pytest.mark.rule("CKPT-2")
-def test_a_tensor_in_two_shards_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
-    folder = tmp_path / "ckpt"
+def unindexed(folder: Path) -> Path:
+    """`two_shards` without its index: a folder of two `.safetensors` files."""
     two_shards(folder)
     (folder / f"model{INDEX_SUFFIX}").unlink()
+    return folder
+
+
+@pytest.mark.rule("CKPT-2")
+def test_a_folder_of_unindexed_files_is_one_checkpoint_or_refused(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    """Read as one checkpoint made of both files, or refused naming them; never read as one of
+    them silently (CKPT-2)."""
+    folder = unindexed(tmp_path / "ckpt")
+    listed, refused_with = loaded_or_refused(
+        lambda: loader.inspect_checkpoint(folder), error=CheckpointError
+    )
+    if refused_with is not None:
+        assert_names(refused_with, "a.safetensors", "b.safetensors")
+        return
+    assert listed is not None
+    assert set(listed) == {"x", "y"}, f"read as one of its files: {sorted(listed)}"
+
+
+@pytest.mark.rule("CKPT-2", "CKPT-4")
+def test_a_tensor_in_two_unindexed_files_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
+    """Read as one checkpoint, a name in two of its files is a duplicate (CKPT-4), refused
+    naming it; refused as unindexed, the refusal names the files."""
+    folder = unindexed(tmp_path / "ckpt")
     save_file({"x": torch.zeros(4)}, str(folder / "c.safetensors"))
-    refused(loader, folder, "x")
+    error = refused(loader, folder)
+    message = str(error)
+    assert "x" in message or all(f in message for f in ("a.safetensors", "c.safetensors")), (
+        f"names neither the duplicate tensor nor the files: {message}"
+    )
 
 
 @pytest.mark.rule("CKPT-2")

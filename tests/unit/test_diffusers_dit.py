@@ -36,7 +36,7 @@ from fakes.file_maps import file_position, maps_missing, tensor_positions
 from fakes.judge import refusal
 from fakes.platform import FakePlatform
 from reference.extras import install_hint
-from reference.kit.seam import ADMISSION, CLI_ARGS, PIPELINES, SeamLoader
+from reference.kit.seam import PIPELINES, SeamLoader
 from reference.quantization import QuantizationSpec
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
@@ -49,8 +49,6 @@ WITH_BUFFERS = {"sd3"}
 EVIDENCE = ("wan", "flux")
 """Pipelines whose DiT holds megabytes, enough for read and memory evidence to dwarf noise."""
 """Pipelines whose DiT holds a persistent buffer (SD3's positional table): a buffer is copied."""
-
-pytestmark = pytest.mark.capability(CLI_ARGS, ADMISSION, PIPELINES)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +134,7 @@ def load_offloaded(
     return module, params, in_place
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
@@ -163,6 +162,7 @@ def test_offloaded_diffusers_dit_adopts_its_checkpoint_in_place(
     assert_same_as_diffusers(module, expected, pipeline, torch.device("cpu"))
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-9")
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
 def test_adopted_diffusers_parameters_do_not_require_grad(
@@ -178,6 +178,7 @@ def test_adopted_diffusers_parameters_do_not_require_grad(
     assert {positions[key] for key in in_place} == {file_position(params[k]) for k in in_place}
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-13")
 def test_writing_an_adopted_diffusers_parameter_leaves_the_file_unchanged(
     loader: SeamLoader,
@@ -197,6 +198,7 @@ def test_writing_an_adopted_diffusers_parameter_leaves_the_file_unchanged(
     assert {path: path.read_bytes() for path in before} == before
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-2b")
 @pytest.mark.parametrize("name", EVIDENCE)
 def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
@@ -221,6 +223,7 @@ def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
     assert all(p.device.type == "cpu" for p in module.parameters())
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-1")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
@@ -247,6 +250,7 @@ def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
     assert_same_as_diffusers(module, expected, pipeline, runtime_device)
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("ZC-2b")
 def test_a_second_diffusers_transformer_is_adopted_too(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, diffusers: ModuleType
@@ -270,6 +274,7 @@ def test_a_second_diffusers_transformer_is_adopted_too(
 # --- FP8-5: a quantization a diffusers DiT cannot take is refused, never dropped ------------------
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.rule("FP8-5")
 @pytest.mark.parametrize("where", ["flag", "config"])
 def test_quantization_of_a_plain_diffusers_dit_is_refused_before_any_read(
@@ -357,6 +362,7 @@ SETTINGS = {
 """The settings diffusers 0.42 writes into model_index.json for these pipelines."""
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -388,6 +394,7 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     assert settings == SETTINGS.get(name, {})
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -430,6 +437,7 @@ def test_load_command_gives_the_module_from_pretrained_gives(
         assert all(p.requires_grad for p in expected_vae.parameters())
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 def test_load_command_refuses_fp8_for_a_diffusers_dit_naming_what_is_missing(
@@ -445,6 +453,7 @@ def test_load_command_refuses_fp8_for_a_diffusers_dit_naming_what_is_missing(
     assert "Drop --quantization" in line
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 def test_unregistered_class_error_offers_diffusers_and_models_never_fakes(
@@ -461,6 +470,7 @@ def test_unregistered_class_error_offers_diffusers_and_models_never_fakes(
         assert fake not in line
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 def test_unexpected_failures_are_one_error_line_without_a_traceback(
@@ -507,6 +517,7 @@ def test_unexpected_failures_are_one_error_line_without_a_traceback(
     assert_one_error_line(run_load(str(bad), "--device", "cpu"), "WanTransformer3DModel")
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 def test_load_help_lists_every_loading_flag() -> None:
@@ -534,6 +545,7 @@ def test_load_help_lists_every_loading_flag() -> None:
 # --- class resolution: only diffusers' own transformer classes ------------------------------------
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 @pytest.mark.parametrize("class_name", ["AutoencoderKL", "UNet2DConditionModel", "os", "a.b.C"])
@@ -558,6 +570,7 @@ def test_only_diffusers_transformer_classes_resolve(
     )
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 def test_without_diffusers_a_diffusers_dit_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -578,6 +591,7 @@ def test_without_diffusers_a_diffusers_dit_names_the_extra(
     assert str(e.value).endswith(install_hint("diffusers"))
 
 
+@pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 def test_reference_imports_without_diffusers() -> None:
     """`reference` and the pipeline writer import with diffusers blocked (lazy imports)."""

@@ -33,10 +33,10 @@ from fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.seam import TENSOR_PARALLEL, ZERO_COPY, Plan, PlanLike, SeamLoader
+from reference.kit.seam import TENSOR_PARALLEL, Plan, PlanLike, SeamLoader
 from reference.kit.selection import select_adapter
 
-pytestmark = [pytest.mark.capability(TENSOR_PARALLEL), pytest.mark.capability(ZERO_COPY)]
+pytestmark = pytest.mark.capability(TENSOR_PARALLEL)
 
 WORLD = 2
 CPU = torch.device("cpu")

@@ -18,6 +18,9 @@ from torch import nn
 
 from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
 from fakes.judge import assert_names, loaded_or_refused, refusal
+from fakes.load_paths import MODEL_CLASSES
+from fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
+from fakes.platform import FakePlatform
 from fakes.vae import (
     ABI_FUNCTIONS,
     HOOK_KINDS,
@@ -57,12 +60,13 @@ from reference.errors import (
     StateDictABIError,
     StateMismatchError,
 )
-from reference.kit.seam import VAE_STREAM, SeamLoader
+from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
 
 CONFIG = VAEConfig()
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Conv3d weights of 6.75 MiB, 27.5 MiB in all: reading any sizeable part of it dwarfs the noise.
 BIG = VAEConfig(hidden=256)
 MiB = 1024**2
@@ -819,25 +823,32 @@ def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
 
 
 @pytest.mark.rule("VAE-10")
-def test_requires_grad_is_kept_and_never_set_on_float8_or_integer(
+@pytest.mark.capability(PIPELINES)
+def test_streamed_requires_grad_is_the_ordinary_paths_and_never_on_float8(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
-    path = write_vae_checkpoint(_state(), tmp_path)
-    module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
+    """Floating parameters: the streamed path gives the `requires_grad` the same loader's
+    ordinary load gives (which value that is, is the loader's choice); float8 and integer
+    tensors never require grad, though the fake asks for it on its float8 parameter."""
     built = dict(StandardVAE(CONFIG).named_parameters())
-    # The fake starts with both values, and asks for grad on float8 (which a loader must drop).
     assert built["decoder.fp8_bias"].requires_grad
     assert not built["latent_shift"].requires_grad
-    assert built["encoder.conv_in.weight"].requires_grad
-    for name, param in module.named_parameters():
-        if param.dtype.is_floating_point and param.dtype != torch.float8_e4m3fn:
-            assert param.requires_grad == built[name].requires_grad, name
+    root = write_pipeline(tmp_path / "pipeline", {"vae": FakeComponent(PipelineVAE, seed=3)})
+    args = loader.make_server_args(runtime_device=runtime_device)
+    ordinary = loader.load_pipeline_component(
+        root, "vae", args, platform=FakePlatform(cuda=False), models=MODEL_CLASSES
+    )
+    streamed, _ = loader.load_vae(PipelineVAE, root / "vae", device=runtime_device)
+    wanted = {n: p.requires_grad for n, p in ordinary.named_parameters()}
+    for name, param in streamed.named_parameters():
+        if param.dtype.is_floating_point and param.dtype not in FLOAT8:
+            assert param.requires_grad == wanted[name], (
+                f"{name}: streamed requires_grad={param.requires_grad}, the ordinary path gives"
+                f" {wanted[name]}"
+            )
         else:
-            assert not param.requires_grad, name
-    assert module.get_parameter("encoder.conv_in.weight").requires_grad
-    assert not module.get_parameter("latent_shift").requires_grad
-    assert not module.get_parameter("decoder.fp8_bias").requires_grad
-    assert not module.get_buffer("encoder.norm.num_batches_tracked").requires_grad
+            assert not param.requires_grad, f"{name} ({param.dtype}) requires grad"
+    assert not streamed.get_buffer("encoder.norm.num_batches_tracked").requires_grad
 
 
 @pytest.mark.rule("VAE-10")
@@ -852,7 +863,6 @@ def test_integer_parameters_never_require_grad(
     assert codes.dtype == torch.int32
     assert not codes.requires_grad
     assert torch.equal(codes.cpu(), state["decoder.codes"].to(torch.int32))
-    assert module.get_parameter("encoder.conv_in.weight").requires_grad
 
 
 # --- VAE-11: layout and decode dtype --------------------------------------------------------------
@@ -907,16 +917,24 @@ def test_reference_reports_the_policy_steps(
 
 
 @pytest.mark.rule("VAE-11")
-def test_decode_dtype_on_a_vae_without_the_hook_is_refused(
+def test_decode_dtype_on_a_vae_without_support_is_skipped_or_refused(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
+    """A VAE that cannot hold a decode dtype: skipping the step (every weight keeps its dtype)
+    and refusing the request (naming it) both conform; converting some weights does not."""
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
-    refusal(
+    loaded, refused = loaded_or_refused(
         lambda: loader.load_vae(
             lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
-        ),
-        "decode_dtype",
+        )
     )
+    if refused is not None:
+        assert_names(refused, "decode_dtype")
+        return
+    assert loaded is not None
+    built = {n: p.dtype for n, p in Encoder(CONFIG).named_parameters()}
+    changed = {n: p.dtype for n, p in loaded[0].named_parameters() if p.dtype != built[n]}
+    assert not changed, f"the decode dtype was half applied: {changed}"
 
 
 @pytest.mark.rule("VAE-11")
