@@ -17,9 +17,10 @@ line for each failing test of a rule.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +42,7 @@ from reference.kit.expectations import (
     read_expectations,
 )
 from reference.kit.failures import SeamView, SeamViolation, one_line
+from reference.kit.isolated import Attempt, attempt
 from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import METHODS, LoaderAdapter, Plan, PlanLike, SeamLoader
 from reference.kit.selection import (
@@ -398,6 +400,19 @@ def conformance(request: pytest.FixtureRequest) -> Conformance:
 def loader(conformance: Conformance, request: pytest.FixtureRequest) -> SeamLoader:
     """The loader under test, reachable through the methods of the test's capabilities only."""
     return conformance.view_for(request.node.nodeid)
+
+
+@pytest.fixture
+def isolated(
+    conformance: Conformance, request: pytest.FixtureRequest
+) -> Callable[..., Attempt]:
+    """`isolated(method, *args, **kwargs)`: the call, made on the loader under test in a fresh
+    process that a deadline can kill (reference.kit.isolated), for attempts that can block."""
+    selection = conformance.selection
+    if selection is None:
+        raise pytest.UsageError(NO_LOADER)
+    marked = conformance.capabilities.get(request.node.nodeid, frozenset())
+    return functools.partial(attempt, selection.spec, marked)
 
 
 @pytest.fixture

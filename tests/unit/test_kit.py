@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 
+from reference.errors import CheckpointError
+from reference.kit.isolated import attempt
 from reference.kit.reference_adapter import ReferenceAdapter
-from reference.kit.seam import PLANS
+from reference.kit.seam import CHECKPOINT_SAFETY, PLANS
 from reference.kit.selection import (
     ENTRY_POINT_GROUP,
     ENV_VAR,
@@ -578,3 +581,38 @@ def test_interrupted(loader):
     assert "KeyboardInterrupt" in text
     assert "no contract test was collected" not in text
     assert "-k / -m" not in text
+
+
+# --- attempts that can block -----------------------------------------------------------------
+
+
+class SlowReader:
+    name = "slow-reader"
+    capabilities = frozenset({CHECKPOINT_SAFETY})
+
+    def inspect_checkpoint(self, path: object) -> dict[str, object]:
+        if str(path) == "block":
+            time.sleep(600)
+        if str(path) == "refuse":
+            raise CheckpointError("refuse", None, "not a checkpoint")
+        return {"a": 1}
+
+    def read_checkpoint_tensor(self, path: object, name: str, *, device: object) -> None:
+        raise AssertionError("the seam lets the test reach this, but it did not ask")
+
+
+@pytest.mark.selftest  # four fresh interpreters: seconds each
+def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> None:
+    spec = f"{__name__}:SlowReader"
+    marked = frozenset({CHECKPOINT_SAFETY})
+    started = time.monotonic()
+    blocked = attempt(spec, marked, "inspect_checkpoint", "block", deadline=10)
+    assert blocked.outcome == "blocked"
+    assert time.monotonic() - started < 30
+    refused = attempt(spec, marked, "inspect_checkpoint", "refuse")
+    assert refused.raised("CheckpointError")
+    assert refused.raised("ValueError")
+    assert refused.attributes == {"file": "refuse", "entry": None}
+    assert attempt(spec, marked, "inspect_checkpoint", "ok").outcome == "returned"
+    outside = attempt(spec, frozenset({PLANS}), "inspect_checkpoint", "ok")
+    assert outside.raised("SeamViolation")
