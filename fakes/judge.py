@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import pytest
+
+from reference.kit.failures import SeamViolation
+
 T = TypeVar("T")
 
 
@@ -64,3 +68,18 @@ def chain(raised: BaseException) -> Iterator[BaseException]:
         seen.append(current)
         yield current
         current = current.__cause__ or current.__context__
+
+
+def loaded_or_skip(call: Callable[[], T], *, judged_by: str) -> T:
+    """Run a load whose *result* a test judges (a report's reasons, what it adopted): a load
+    that raises leaves nothing to judge, and whether it may raise is `judged_by`'s question,
+    so the test is skipped saying so rather than failing a rule the defect does not touch."""
+    try:
+        return call()
+    except SeamViolation:  # the suite's own defect: never skipped
+        raise
+    except Exception as error:
+        pytest.skip(
+            f"the load raised {type(error).__name__}: nothing to judge here ({judged_by} judges"
+            " whether it may)"
+        )

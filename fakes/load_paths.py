@@ -23,6 +23,7 @@ from torch import nn
 
 from fakes import corpus_models, pipelines
 from fakes.corpus_models import CorpusDiT, CorpusVAE
+from fakes.dit import TinyDiT, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.platform import FakePlatform
 from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
@@ -88,3 +89,17 @@ def load_component(
     return loader.load_pipeline_component(
         root, component, args, platform=platform, models=MODEL_CLASSES
     )
+
+
+def sees_zc3(loader: SeamLoader, folder: Path) -> bool:
+    """Whether `loader` copies the merged QKV layer of a TP=1 TinyDiT, whose one failing
+    zero-copy condition is ZC-3.
+
+    A report names each copy's first failing condition (ZC-14). The merged layer also fails a
+    later one where TP > 1 (ZC-5) or it is quantized (ZC-4); a loader that misjudges ZC-3 (ZC-3's
+    own tests catch that) names the later one, which is first *among the conditions it sees*.
+    ZC-14's tests ask for that, so that one defect fails its own rule only.
+    """
+    path, _ = write_dit_checkpoint(folder)
+    _, report = loader.load_dit(TinyDiT, path, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS)
+    return any(r.how == "copied" for r in report.records if ".qkv." in r.name)

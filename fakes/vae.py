@@ -420,6 +420,15 @@ class LazyVAE(StandardVAE):
         self.decoder.conv_in = nn.LazyConv3d(self.config.hidden, 3, padding=1)
 
 
+class LazyBufferVAE(StandardVAE):
+    """VAE-4b: a lazy persistent buffer (`decoder.scale`), whose shape its first forward would
+    settle; the checkpoint may well hold a `decoder.scale` of the right size."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.decoder.register_buffer("scale", nn.parameter.UninitializedBuffer())
+
+
 # --- every kind of user state-dict hook, and every override inherited from a user class -------
 
 

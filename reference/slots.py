@@ -12,6 +12,8 @@ machinery, so before any byte is read this module proves it:
   * no state-dict or load-state-dict hook comes from user code (torch's own, such as weight norm's
     compatibility hook, are standard);
   * no tensor is registered under two names (tied parameters, a submodule under two paths);
+  * every slot is settled: no lazy parameter or buffer, whose shape only a forward decides, and
+    no parameter of a class other than `nn.Parameter`;
   * the state-dict keys are exactly the slots: parameters and persistent buffers.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,6 +132,28 @@ def named_state(module: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tens
     return entries
 
 
+def check_settled(key: str, tensor: torch.Tensor, *, is_parameter: bool, component: str) -> None:
+    """VAE-4b: a slot's shape and class are known from the module as built.
+
+    Raises:
+        StateDictABIError: a lazy parameter or buffer (its shape is settled by the first forward,
+            which streaming never runs), or a parameter of another class than `nn.Parameter`.
+    """
+    if nn.parameter.is_lazy(tensor):
+        kind = "parameter" if is_parameter else "buffer"
+        raise StateDictABIError(
+            f"{component}: {key} is a lazy {kind} ({type(tensor).__name__}) whose shape only its"
+            " first forward settles, which direct streaming never runs. Give the layer its"
+            f" shapes (not an nn.Lazy* module) or load {component} without direct loading"
+        )
+    if is_parameter and type(tensor) is not nn.Parameter:
+        raise StateDictABIError(
+            f"{component}: {key} is a {type(tensor).__name__}, not a plain nn.Parameter; its"
+            " class is settled by code that direct streaming does not run. Use plain parameters"
+            f" or load {component} without direct loading"
+        )
+
+
 def _refuse_tied(
     module: nn.Module,
     entries: list[tuple[str, nn.Module, str, torch.Tensor, bool]],
@@ -173,15 +198,11 @@ def state_slots(module: nn.Module, *, component: str) -> dict[str, Slot]:
     """
     check_state_dict_abi(module, component=component)
     entries = named_state(module)
+    for key, _, _, tensor, is_parameter in entries:
+        check_settled(key, tensor, is_parameter=is_parameter, component=component)
     _refuse_tied(module, entries, component=component)
     slots: dict[str, Slot] = {}
     for key, owner, attr, tensor, is_parameter in entries:
-        if is_parameter and type(tensor) is not nn.Parameter:
-            raise StateDictABIError(
-                f"{component}: {key} is a {type(tensor).__name__}, not a plain nn.Parameter; its"
-                " shape or class is settled by code that direct streaming does not run. Use"
-                f" plain parameters or load {component} without direct loading"
-            )
         slots[key] = Slot(
             key,
             owner,
@@ -191,6 +212,16 @@ def state_slots(module: nn.Module, *, component: str) -> dict[str, Slot]:
             tensor.dtype,
             bool(tensor.requires_grad) if is_parameter else False,
         )
+    check_keys_are_slots(module, slots, component=component)
+    return slots
+
+
+def check_keys_are_slots(module: nn.Module, slots: Mapping[str, Slot], *, component: str) -> None:
+    """VAE-5: the module's state-dict keys are exactly its slots.
+
+    Raises:
+        StateDictABIError: listing the keys that are not slots and the slots that are not keys.
+    """
     keys = set(module.state_dict(keep_vars=True))
     extra, absent = sorted(keys - set(slots)), sorted(set(slots) - keys)
     if extra or absent:
@@ -200,4 +231,3 @@ def state_slots(module: nn.Module, *, component: str) -> dict[str, Slot]:
             f" state dict: {absent or 'none'}. Direct streaming can only fill slots; load"
             f" {component} without direct loading"
         )
-    return slots

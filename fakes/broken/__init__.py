@@ -24,6 +24,7 @@ from fakes.broken.admission import (
     MaybeMeansTrue,
     NoMemoryMargin,
     ParsesPastDoubleDash,
+    ReadsBeforeRefusingQuantizedDirect,
     StreamsVaesByDefault,
 )
 from fakes.broken.base import BrokenAdapter
@@ -34,13 +35,16 @@ from fakes.broken.checkpoints import (
 )
 from fakes.broken.dit import (
     AdoptsSharedBytesTwice,
+    BuffersBecomeParameters,
     CopiesWithoutWeightLoader,
     FallsBackToUnquantized,
     IgnoresFsdp,
     KeepsCheckpointDtype,
+    LeavesDitTraining,
     LosesAdoptedAttributes,
     MapsCheckpointShared,
     OffloadsBeforeProcessing,
+    PreconvertsForWeightLoader,
     PreReadsDirectCheckpoint,
     ReadsBeforeChecking,
     UpcastsOnOffload,
@@ -66,11 +70,17 @@ from fakes.broken.vae import (
     KeepsFileDtype,
     LetsMetaBuffersThrough,
     ReadsWholeVaeCheckpoint,
+    RefusesConstructedBuffersAtEnd,
     RefusesMetaBuffersLate,
-    SkipsStateCheckAfterHooks,
     ToleratesMissingSlots,
 )
-from fakes.broken.vae_slots import AllowsTiedState, ChecksOnlyStateDict, IgnoresUserHooks
+from fakes.broken.vae_slots import (
+    AllowsTiedState,
+    ChecksOnlyStateDict,
+    IgnoresKeysThatAreNotSlots,
+    IgnoresUserHooks,
+    LetsLazyStateThrough,
+)
 from fakes.broken.zero_copy import (
     AcceptsOverridingSubclasses,
     AdoptsOffCpuTensors,
@@ -118,17 +128,21 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     IgnoresFsdp,
     FallsBackToUnquantized,
     UpcastsOnOffload,
+    BuffersBecomeParameters,
+    LeavesDitTraining,
     # direct VAE loading
     ReadsWholeVaeCheckpoint,
     ChecksOnlyStateDict,
     IgnoresUserHooks,
     DropsUnknownTensors,
-    SkipsStateCheckAfterHooks,
+    IgnoresKeysThatAreNotSlots,
+    LetsLazyStateThrough,
     AllowsTiedState,
     KeepsFileDtype,
     ToleratesMissingSlots,
     LetsMetaBuffersThrough,
     RefusesMetaBuffersLate,
+    RefusesConstructedBuffersAtEnd,
     BuildsBuffersOnMeta,
     FreezesStreamedParameters,
     IgnoresChannelsLast,
@@ -147,6 +161,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     StreamsVaesByDefault,
     AllowsFsdpWithDirectDit,
     IgnoresCheckpointQuantization,
+    ReadsBeforeRefusingQuantizedDirect,
     ChecksOnlyTheMainTransformer,
     NoMemoryMargin,
     # checkpoints
@@ -155,3 +170,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     SafetensorsLibraryErrors,
 )
 """Every broken loader, in catalogue order."""
+
+CORRECT: tuple[type[BrokenAdapter], ...] = (PreconvertsForWeightLoader,)
+"""Variants of the reference that real loaders do differently and that SPEC leaves free: the
+suite must fail them on nothing (each names the rules whose tests it runs, `exercises`)."""

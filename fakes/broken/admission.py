@@ -201,6 +201,9 @@ class AllowsFsdpWithDirectDit(BrokenAdapter):
 
     name = "broken-allows-fsdp-with-direct-dit"
     breaks = frozenset({"DG-2"})
+    also_fails = MappingProxyType(
+        {"DG-7": "the global-cause test refuses FSDP for a pipeline of two DiTs (DG-2 with DG-7)"}
+    )
 
     def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:
         own = dataclasses.replace(own_server_args(args), fsdp_inference=False)
@@ -208,15 +211,16 @@ class AllowsFsdpWithDirectDit(BrokenAdapter):
 
 
 class IgnoresCheckpointQuantization(BrokenAdapter):
-    """Refuses a quantized direct DiT only when --quantization says so, not when the DiT's own
-    config.json declares it (DG-3)."""
+    """Admission refuses a quantized direct DiT only when --quantization says so, not when
+    the DiT's own config.json declares it; the DiT's loader still refuses it, later (DG-3b: at
+    admission, with the no-fallback error)."""
 
     name = "broken-ignores-checkpoint-quantization"
-    breaks = frozenset({"DG-3"})
+    breaks = frozenset({"DG-3b"})
     also_fails = MappingProxyType(
         {
             "ADM-4": "admission and the DiT's own loader then disagree on one request; the test"
-            " that pins one rule at every layer pins DG-3 with ADM-4"
+            " that pins one rule at every layer pins DG-3b with ADM-4"
         }
     )
 
@@ -225,6 +229,33 @@ class IgnoresCheckpointQuantization(BrokenAdapter):
         names, _ = quantized_components(pipeline_dir)
         admission.check_pipeline(own, declared=names)
         admission.check_arguments(own, platform=platform, declared=names)
+
+
+class ReadsBeforeRefusingQuantizedDirect(BrokenAdapter):
+    """Reads a quantized DiT's weights into memory before its loader refuses direct loading
+    (DG-3: refused before any tensor data is read)."""
+
+    name = "broken-reads-before-refusing-quantized-direct"
+    breaks = frozenset({"DG-3"})
+
+    def load_pipeline_component(
+        self,
+        pipeline_dir: Path,
+        component: str,
+        args: ServerArgsLike,
+        *,
+        platform: Platform,
+        models: Mapping[str, type[torch.nn.Module]] | None = None,
+    ) -> torch.nn.Module:
+        spec = read_pipeline(pipeline_dir).component(component)
+        own = own_server_args(args)
+        quantized = spec.quantization is not None or own.quantization is not None
+        if own.direct_gpu_weight_loading and quantized and loader_kind(component) == "transformer":
+            for file in open_checkpoint(spec.folder).files:
+                file.read_bytes()  # everything, before the refusal
+        return super().load_pipeline_component(
+            pipeline_dir, component, args, platform=platform, models=models
+        )
 
 
 class ChecksOnlyTheMainTransformer(BrokenAdapter):

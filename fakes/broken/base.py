@@ -29,11 +29,15 @@ class BrokenAdapter(ReferenceAdapter):
         breaks: the rules the defect violates; the suite must fail each of them.
         also_fails: other rules whose tests fail too, each with the reason (a test that pins
             the broken rule together with this one); nothing else may fail.
+        gpu_only: why only a real device shows the defect (the CPU tier hands a loader no
+            device but the CPU, SPEC "Real inputs"), or None: the CPU tier's self-tests skip
+            a loader with a reason, and count its rules as broken all the same.
     """
 
     name = "broken"
     breaks: ClassVar[frozenset[str]] = frozenset()
     also_fails: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    gpu_only: ClassVar[str | None] = None
 
     @classmethod
     def expected_failures(cls) -> frozenset[str]:

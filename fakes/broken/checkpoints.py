@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import MappingProxyType
 
 import torch
 from safetensors import safe_open
@@ -23,7 +22,6 @@ class UnpicklesLegacyCheckpoints(BrokenAdapter):
 
     name = "broken-unpickles-legacy-checkpoints"
     breaks = frozenset({"CKPT-1"})
-    also_fails = MappingProxyType({"CKPT-4": "the corrupt-input corpus holds a pickle entry"})
 
     def inspect_checkpoint(
         self, path: str | os.PathLike[str]
@@ -37,11 +35,11 @@ class UnpicklesLegacyCheckpoints(BrokenAdapter):
 
 class IgnoresShardIndex(BrokenAdapter):
     """Takes every `*.safetensors` beside an index and never reads the index itself: a shard it
-    names that is missing, or names it places wrongly, go unnoticed (CKPT-2)."""
+    names that is missing, or names it places wrongly, go unnoticed (CKPT-2); a corrupt index
+    is never reported (CKPT-4)."""
 
     name = "broken-ignores-shard-index"
-    breaks = frozenset({"CKPT-2"})
-    also_fails = MappingProxyType({"CKPT-4": "the corrupt-input corpus holds bad shard indexes"})
+    breaks = frozenset({"CKPT-2", "CKPT-4"})
 
     def inspect_checkpoint(
         self, path: str | os.PathLike[str]
@@ -57,13 +55,11 @@ class IgnoresShardIndex(BrokenAdapter):
 
 class SafetensorsLibraryErrors(BrokenAdapter):
     """Opens each file with the safetensors library and lets its errors through as they come:
-    bare library exceptions that name neither the file nor the tensor (CKPT-4)."""
+    bare library exceptions that name neither the file nor the tensor (CKPT-4), for a pickle
+    too (CKPT-1: refused naming the pickle file)."""
 
     name = "broken-safetensors-library-errors"
-    breaks = frozenset({"CKPT-4"})
-    also_fails = MappingProxyType(
-        {"CKPT-1": "a pickle named .safetensors reaches the library, which fails bare"}
-    )
+    breaks = frozenset({"CKPT-1", "CKPT-4"})
 
     def inspect_checkpoint(
         self, path: str | os.PathLike[str]

@@ -120,9 +120,6 @@ class CopiesWithoutWeightLoader(DiTDefect):
     also_fails = MappingProxyType(
         {
             "ZC-5": "the TP tests pin ZC-5 and ZC-10 together",
-            "ZC-2b": "a TP rank's load fails (no sharding), so its test of what a rank holds whole"
-            " fails too",
-            "ZC-14": "a TP rank's load fails (no sharding), so its report test fails too",
         }
     )
 
@@ -146,22 +143,61 @@ class KeepsCheckpointDtype(DiTDefect):
     unconverted (ZC-11)."""
 
     name = "broken-keeps-checkpoint-dtype"
-    breaks = frozenset({"ZC-11"})
+    # ZC-2b too: such a parameter takes its tensor "converted once when its dtype differs".
+    breaks = frozenset({"ZC-11", "ZC-2b"})
     also_fails = MappingProxyType(
         {
             "ZC-10": "the converted-once test pins ZC-10 and ZC-11 together",
-            "ZC-2b": "the plain-torch tests pin ZC-2b and ZC-11 together (converted once when"
-            " the dtype differs)",
-            "ZC-8": "the truth table's plain-parameter dtype rows (ZC-8) load the tensor and judge"
-            " that the copy holds the parameter's dtype",
-            "DG-5": "the same rows in direct mode pin DG-5",
-            "ZC-14": "an int32 tensor kept for a float parameter that requires grad crashes the"
-            " load whose report the ZC-14 row reads",
         }
     )
 
     def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
         return swapped(adopt, _copy=copy_keeping_dtype)
+
+
+class BuffersBecomeParameters(DiTDefect):
+    """Re-registers every persistent buffer of a loaded DiT as a `Parameter` holding the same
+    values, as upstream 0.5.23's full-state path does (ZC-15)."""
+
+    name = "broken-buffers-become-parameters"
+    breaks = frozenset({"ZC-15"})
+
+    def after(self, module: nn.Module, report: LoadReport) -> None:
+        for sub in module.modules():
+            for leaf in [n for n in sub._buffers if n not in sub._non_persistent_buffers_set]:
+                value = sub._buffers.pop(leaf)
+                if value is not None:
+                    sub.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
+
+
+class LeavesDitTraining(DiTDefect):
+    """Hands the loaded DiT back in training mode, as `nn.Module` builds it (OUT-1: returned
+    in eval mode, as `from_pretrained` returns it)."""
+
+    name = "broken-leaves-dit-training"
+    breaks = frozenset({"OUT-1"})
+
+    def after(self, module: nn.Module, report: LoadReport) -> None:
+        module.train()
+
+
+def copy_converted_first(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
+    """The copy path, handing a layer's weight_loader the tensor already in the slot's dtype."""
+    if slot.is_parameter and "weight_loader" in slot.tensor.__dict__:
+        tensor = tensor.to(slot.tensor.dtype)
+    return reference_copy(slot, tensor, load_device)
+
+
+class PreconvertsForWeightLoader(DiTDefect):
+    """Not broken: hands a layer's `weight_loader` the checkpoint tensor already converted to
+    the slot's dtype. ZC-10 leaves that free (the values are the checkpoint's either way), so
+    the suite must fail it on nothing."""
+
+    name = "correct-preconverts-for-weight-loader"
+    exercises = frozenset({"ZC-10", "ZC-11"})
+
+    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+        return swapped(adopt, _copy=copy_converted_first)
 
 
 class NeverClashes(AdoptedBytes):
@@ -177,9 +213,7 @@ class AdoptsSharedBytesTwice(DiTDefect):
 
     name = "broken-adopts-shared-bytes-twice"
     breaks = frozenset({"ZC-12"})
-    also_fails = MappingProxyType(
-        {"DG-5": "the direct-mode aliasing test pins ZC-12 and DG-5 together"}
-    )
+    also_fails = MappingProxyType({})
 
     def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
         return swapped(adopt, AdoptedBytes=NeverClashes)
@@ -235,6 +269,7 @@ class PreReadsDirectCheckpoint(DiTDefect):
 
     name = "broken-pre-reads-direct-checkpoint"
     breaks = frozenset({"DG-4"})
+    gpu_only = "a direct load needs a device other than the CPU (PLAN-3)"
 
     def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
         if plan.load_full_state_dict_on_device:
@@ -251,6 +286,7 @@ class OffloadsBeforeProcessing(DiTDefect):
     also_fails = MappingProxyType(
         {"FP8-3": "the load -> process -> offload test pins FP8-2 and FP8-3 together"}
     )
+    gpu_only = "on a CPU runtime device the early offload moves nothing, so it is no event"
 
     def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
         if not plan.defer_cpu_offload or fsdp:  # FSDP drops the deferral (FP8-4)

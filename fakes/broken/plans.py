@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from types import MappingProxyType
 
 import torch
 
@@ -187,9 +186,6 @@ class DisablesOffloadForOnlineFp8(BrokenAdapter):
 
     name = "broken-no-offload-for-fp8"
     breaks = frozenset({"FP8-3"})
-    also_fails = MappingProxyType(
-        {"FP8-2": "the load -> process -> offload test pins FP8-2 and FP8-3 together"}
-    )
 
     def offload_for_quantization(
         self, options: OffloadOptions, quantization: QuantizationSpec | None

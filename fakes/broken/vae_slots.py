@@ -51,3 +51,38 @@ class AllowsTiedState(VAEDefect):
 
     def swaps(self) -> contextlib.AbstractContextManager[None]:
         return swapped(slots, _refuse_tied=no_tie_check)
+
+
+def keys_unchecked(module: nn.Module, found: object, *, component: str) -> None:
+    """Trusts the module's state dict to hold its slots and nothing else."""
+
+
+class IgnoresKeysThatAreNotSlots(VAEDefect):
+    """Never compares the module's state-dict keys with its slots, so a key that is no slot
+    (a submodule's extra state) goes unnoticed until something tries to fill it (VAE-5)."""
+
+    name = "broken-ignores-keys-that-are-not-slots"
+    breaks = frozenset({"VAE-5"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(slots, check_keys_are_slots=keys_unchecked)
+
+
+_check_settled = slots.check_settled
+
+
+def lazy_unchecked(key: str, tensor: torch.Tensor, *, is_parameter: bool, component: str) -> None:
+    """Checks a parameter's class, but takes a lazy parameter or buffer as settled."""
+    if not nn.parameter.is_lazy(tensor):
+        _check_settled(key, tensor, is_parameter=is_parameter, component=component)
+
+
+class LetsLazyStateThrough(VAEDefect):
+    """Takes lazy parameters and buffers as ordinary slots, so whatever fails later fails on a
+    tensor no forward settled, not as a refusal naming it (VAE-4b)."""
+
+    name = "broken-lets-lazy-state-through"
+    breaks = frozenset({"VAE-4b"})
+
+    def swaps(self) -> contextlib.AbstractContextManager[None]:
+        return swapped(slots, check_settled=lazy_unchecked)

@@ -133,6 +133,7 @@ class AdoptsOffCpuTensors(PredicateDefect):
     name = "broken-adopts-off-cpu"
     breaks = frozenset({"ZC-1"})
     also_fails = MappingProxyType({})
+    gpu_only = "a checkpoint tensor off the CPU needs a device other than the CPU"
 
     def ask(self, q: Question) -> Verdict:
         if q.direct_device is None and q.tensor.device.type != "cpu":
@@ -146,12 +147,7 @@ class CopiesPlainParameters(PredicateDefect):
 
     name = "broken-copies-plain-parameters"
     breaks = frozenset({"ZC-2b"})
-    also_fails = MappingProxyType(
-        {
-            "DG-5": DIRECT_MODE + "; the direct DiT load adopts its norms and embedding",
-            "ZC-9": "the offloaded DiT test pins which parameters are adopted with ZC-9",
-        }
-    )
+    also_fails = MappingProxyType({})  # plain parameters are ZC-2b's in direct mode too
 
     def ask(self, q: Question) -> Verdict:
         verdict = reference(q)
@@ -199,8 +195,6 @@ class AcceptsOverridingSubclasses(PredicateDefect):
     also_fails = MappingProxyType(
         {
             "DG-5": DIRECT_MODE + "; a direct load adopts the merged QKV layer",
-            "ZC-14": "the serialized FP8 report test pins ZC-3 as the merged layer's first"
-            " failing condition (this loader reports ZC-4 for it)",
         }
     )
 
@@ -235,8 +229,6 @@ class AdoptsTensorParallelShards(PredicateDefect):
             "DG-5": DIRECT_MODE,
             "ZC-10": "the TP slice test pins ZC-5 and ZC-10 together (a row-parallel bias is"
             " adopted)",
-            "ZC-14": "the TP report test pins ZC-5 as a shard's first failing condition (this"
-            " loader, never reading tp_size, reports ZC-8)",
         }
     )
 
@@ -255,7 +247,7 @@ class AdoptsParameterSubclasses(PredicateDefect):
     """Adopts into parameter subclasses as if they were plain parameters (ZC-6)."""
 
     name = "broken-adopts-parameter-subclasses"
-    breaks = frozenset({"ZC-6"})
+    breaks = frozenset({"ZC-6", "ZC-2c"})  # the one predicate judges plain parameters too
 
     def ask(self, q: Question) -> Verdict:
         return reference(q, param=clone_parameter(q.param, cls=nn.Parameter))
@@ -265,7 +257,7 @@ class IgnoresShardedWeightFlag(PredicateDefect):
     """Checks `is_metadata` and `needs_scalar_to_array`, but not `is_sharded_weight` (ZC-7)."""
 
     name = "broken-ignores-is-sharded-weight"
-    breaks = frozenset({"ZC-7"})
+    breaks = frozenset({"ZC-7", "ZC-2c"})  # the one predicate judges plain parameters too
 
     def ask(self, q: Question) -> Verdict:
         return reference(q, param=clone_parameter(q.param, drop=("is_sharded_weight",)))
@@ -276,7 +268,7 @@ class AdoptsTransposedViews(PredicateDefect):
     (non-contiguous) view (ZC-8)."""
 
     name = "broken-adopts-transposed-views"
-    breaks = frozenset({"ZC-8"})
+    breaks = frozenset({"ZC-8", "ZC-2c"})  # the one predicate judges plain parameters too
 
     def ask(self, q: Question) -> Verdict:
         if q.same() and q.tensor.layout == torch.strided:
@@ -295,10 +287,9 @@ class CopiesInDirectMode(PredicateDefect):
     state dict sits beside the model (DG-5)."""
 
     name = "broken-copies-in-direct-mode"
-    breaks = frozenset({"DG-5"})
-    also_fails = MappingProxyType(
-        {"ZC-12": "the direct-mode aliasing test pins one adoption per bytes with DG-5"}
-    )
+    # A plain parameter takes its tensor as is in any mode (ZC-2b), direct mode included.
+    breaks = frozenset({"DG-5", "ZC-2b"})
+    also_fails = MappingProxyType({})
 
     def ask(self, q: Question) -> Verdict:
         verdict = reference(q)

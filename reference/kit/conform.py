@@ -93,8 +93,8 @@ def conform_command(argv: Sequence[str]) -> int:
     """Run the contract tests against the loader `argv` selects.
 
     Args:
-        argv: pytest's arguments; `--loader=SPEC` selects the loader (else $LOADER_UNDER_TEST,
-            else the reference).
+        argv: pytest's arguments; `--loader=SPEC` selects the loader (else $LOADER_UNDER_TEST;
+            with neither, pytest stops with a usage error: no loader is judged by default).
 
     Returns:
         pytest's exit code: 0 when every contract test passed or was expected to fail.

@@ -58,6 +58,7 @@ from reference.rules import BY_ID
 RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller a test's rules
 REASON_PROPERTY = "conformance_reason"  # ... and a failure's one line
 DEFECT_PROPERTY = "conformance_suite_defect"  # ... and a defect of the suite itself
+INTERNAL_PROPERTY = "conformance_internal"  # ... and that the test is one of the suite's own
 NO_LOADER_OUTPUT = "conformance_no_loader"  # a worker's word that it collected tests to judge
 MARKERS = (
     "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
@@ -116,6 +117,7 @@ class Conformance:
         self.expected = expectations.for_device(self.device) if expectations else {}
         self.rules: dict[str, tuple[str, ...]] = {}
         self.capabilities: dict[str, frozenset[str]] = {}
+        self.internal: set[str] = set()  # selected tests of the suite's own machinery
         self.outcomes: dict[str, TestOutcome] = {}
         self.problems: list[str] = []
         self.aborted = False  # no report for a run refused before any test ran
@@ -181,6 +183,8 @@ class Conformance:
             self.capabilities[item.nodeid] = frozenset(
                 c for m in item.iter_markers("capability") for c in m.args
             )
+            if item.get_closest_marker("internal"):
+                self.internal.add(item.nodeid)
         contract = [item for item in items if self.rules.get(item.nodeid)]
         if self.selection is None and contract:
             if not self.worker:
@@ -196,6 +200,14 @@ class Conformance:
         if getattr(node, "workeroutput", {}).get(NO_LOADER_OUTPUT):
             self.workers_without_loader = True
 
+    def judges_nothing(self, rules: Iterable[tuple[str, ...]]) -> bool:
+        """No contract test was selected, and the run is not one of the suite's own tests
+        alone (the selftest tier), or it was asked for a report: a -k / -m / --deselect or a
+        path that left out what the run meant to judge."""
+        if any(rules):
+            return False
+        return not self.internal or bool(self.config.getoption("--conformance-report"))
+
     def nothing_to_judge(self, selected: int) -> str:
         return (
             f"no contract test was collected ({selected} test(s) selected, none names a rule),"
@@ -206,7 +218,7 @@ class Conformance:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.selection is None or session.testsfailed or self.worker:
             return  # collection errors are reported by pytest itself; xdist: the controller
-        if not any(self.rules.get(item.nodeid) for item in session.items):
+        if self.judges_nothing(self.rules.get(item.nodeid, ()) for item in session.items):
             self.aborted = True
             raise pytest.UsageError(self.nothing_to_judge(len(session.items)))
 
@@ -245,6 +257,8 @@ class Conformance:
         if self.worker:
             report.user_properties.append((RULES_PROPERTY, rules))
             report.user_properties.append((REASON_PROPERTY, reason))
+            if item.nodeid in self.internal:
+                report.user_properties.append((INTERNAL_PROPERTY, True))
         elif defect:
             self.rules[item.nodeid] = ()
         expected = expected_reason(rules, self.expected)
@@ -287,6 +301,8 @@ class Conformance:
             rules = tuple(str(rule) for rule in cast("Iterable[object]", carried))
         if defect is not None:
             rules = ()
+        if properties.get(INTERNAL_PROPERTY):
+            self.internal.add(report.nodeid)
         self.outcomes[report.nodeid] = TestOutcome(report.nodeid, rules, outcome, reason)
 
     def report(self) -> dict[str, Any]:
@@ -311,7 +327,11 @@ class Conformance:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
             return
         judging = self.selection is not None
-        if self.controller and judging and not any(o.rules for o in self.outcomes.values()):
+        if (
+            self.controller
+            and judging
+            and self.judges_nothing(o.rules for o in self.outcomes.values())
+        ):
             self.aborted = True  # what pytest_collection_finish does without xdist
             session.config.get_terminal_writer().line(
                 f"ERROR: {self.nothing_to_judge(len(self.outcomes))}", red=True
@@ -403,9 +423,7 @@ def loader(conformance: Conformance, request: pytest.FixtureRequest) -> SeamLoad
 
 
 @pytest.fixture
-def isolated(
-    conformance: Conformance, request: pytest.FixtureRequest
-) -> Callable[..., Attempt]:
+def isolated(conformance: Conformance, request: pytest.FixtureRequest) -> Callable[..., Attempt]:
     """`isolated(method, *args, **kwargs)`: the call, made on the loader under test in a fresh
     process that a deadline can kill (reference.kit.isolated), for attempts that can block."""
     selection = conformance.selection

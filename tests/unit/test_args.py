@@ -571,7 +571,7 @@ def test_dit_refusal_names_every_transformer(
 
 
 @pytest.mark.capability(ADMISSION)
-@pytest.mark.rule("DG-7")
+@pytest.mark.rule("DG-2", "DG-7")
 @pytest.mark.parametrize(
     ("options", "platform", "causes"),
     [

@@ -6,19 +6,24 @@ broken loader kept in the unit tier as a smoke test of the machinery.
 Every case runs, in process, the contract test files that name the rules a broken loader is
 expected to fail (`breaks` and `also_fails`), with `--loader=fakes.broken:<Loader>`, and reads
 the JSON report: the run must fail, and its failed rules must be exactly the expected ones, so a
-defect that slips through, or spills into rules it should not touch, fails here.
+defect that slips through, or spills into rules it should not touch, fails here. The blast
+radius is checked test by test too: every failing test must name a rule the defect breaks (one
+defect, its rules only). A correct variant (`fakes.broken.CORRECT`: what SPEC leaves free)
+must fail nothing.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fakes.broken
-from fakes.broken import BROKEN, BrokenAdapter
+from fakes.broken import BROKEN, CORRECT, BrokenAdapter
 from reference.rules import BY_ID, RULES
 
 pytestmark = pytest.mark.internal
@@ -53,10 +58,10 @@ def suite_under_test(request: pytest.FixtureRequest) -> None:
         pytest.skip("judges the suite itself: runs in the CPU tier with the reference loader")
 
 
-def failed_rules(
+def run_report(
     spec: str, files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> set[str]:
-    """Run `files` against the loader `spec` names; the rules its report marks failed.
+) -> tuple[int, dict[str, Any]]:
+    """Run `files` against the loader `spec` names; pytest's exit code and the JSON report.
 
     `pytest.main` runs in this process: torch cannot import its modules twice, so the run must
     not drop what it imported (as pytester's in-process runs do), and a fresh interpreter per
@@ -89,9 +94,28 @@ def failed_rules(
             "--tb=line",
         ]
     )
+    # Dozens of runs, each writing its own checkpoints: keep none of them.
+    shutil.rmtree(tmp_path / "run", ignore_errors=True)
+    return int(code), json.loads(report_path.read_text())
+
+
+def failed_rules(
+    spec: str, files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> set[str]:
+    """Run `files` against the loader `spec` names, which must fail; the rules it failed."""
+    code, report = run_report(spec, files, tmp_path, monkeypatch)
     assert code == pytest.ExitCode.TESTS_FAILED
-    report = json.loads(report_path.read_text())
     return {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
+
+
+def failing_tests(report: dict[str, Any]) -> dict[str, set[str]]:
+    """Each failing test of a report, with every rule it names."""
+    failing = {f["test"] for entry in report["rules"].values() for f in entry.get("failures", [])}
+    named: dict[str, set[str]] = {test: set() for test in failing}
+    for rule, entry in report["rules"].items():
+        for test in set(entry["tests"]) & failing:
+            named[test].add(rule)
+    return named
 
 
 # The unit tier's smoke: a broken loader whose contract files run in about a second.
@@ -106,10 +130,30 @@ SMOKE = fakes.broken.MutablePlans
 def test_the_suite_fails_exactly_the_rules_the_defect_breaks(
     adapter: type[BrokenAdapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if adapter.gpu_only:
+        pytest.skip(f"only a device shows this defect: {adapter.gpu_only}")
     files = contract_files(adapter.expected_failures())
-    failed = failed_rules(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
+    code, report = run_report(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
+    assert code == pytest.ExitCode.TESTS_FAILED
+    failed = {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
     assert adapter.breaks <= failed, f"the suite misses the defect: {adapter.__doc__}"
     assert failed == adapter.expected_failures()
+    # The blast radius, test by test: each failing test names a rule the defect breaks.
+    stray = {t: sorted(r) for t, r in failing_tests(report).items() if not r & adapter.breaks}
+    assert stray == {}, f"tests that fail for rules the defect does not break: {stray}"
+
+
+@pytest.mark.selftest
+@pytest.mark.parametrize("adapter", CORRECT, ids=lambda cls: cls.__name__)
+def test_a_correct_variant_fails_nothing(
+    adapter: type[BrokenAdapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What SPEC leaves free, done another way than the reference does it: no rule fails."""
+    files = contract_files(adapter.exercises)  # type: ignore[attr-defined]
+    code, report = run_report(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
+    failed = sorted(r for r, e in report["rules"].items() if e["status"] == "failed")
+    assert failed == [], {r: report["rules"][r].get("failures") for r in failed}
+    assert code == pytest.ExitCode.OK
 
 
 def test_every_must_rule_is_broken_by_some_loader() -> None:
@@ -148,11 +192,16 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
     assert failed == {"ZC-14"}
 
 
-# What each plain-PyTorch baseline honours all the same: safetensors maps the file copy-on-write,
-# so `assign=True` never writes the checkpoint (ZC-13).
+# What each plain-PyTorch baseline honours all the same. Both: requires_grad as plain loading
+# gives it (VAE-10), the decode dtype through the model's own hook or not at all (VAE-11).
+# Copying everything never adopts what ZC-2c refuses. assign=True: safetensors maps the file
+# copy-on-write, so it never writes the checkpoint (ZC-13), and load_state_dict(strict=True)
+# into a meta-built module fills exactly the state-dict keys (VAE-4, VAE-5).
 HONOURED = {
-    "reference.kit.baseline:PlainLoadStateDict": frozenset[str](),
-    "reference.kit.baseline:PlainAssign": frozenset({"ZC-13"}),
+    "reference.kit.baseline:PlainLoadStateDict": frozenset({"ZC-2c", "VAE-10", "VAE-11"}),
+    "reference.kit.baseline:PlainAssign": frozenset(
+        {"ZC-13", "VAE-4", "VAE-5", "VAE-10", "VAE-11"}
+    ),
 }
 
 

@@ -136,15 +136,19 @@ def direct_load(
 def test_direct_mode_adopts_the_eligible_tensors_on_the_device(
     loader: SeamLoader, direct_plan: PlanLike, direct_device: torch.device
 ) -> None:
-    """Standard linears and plain torch parameters become the very device tensors handed over,
-    with requires_grad False; the merged QKV layer and pos_embed get fresh copies."""
+    """Standard linears become the very device tensors handed over, with requires_grad False;
+    the merged QKV layer and pos_embed get fresh copies."""
     module, tensors, _ = direct_load(loader, direct_plan, direct_device)
-    params = dict(module.named_parameters())
-    adopted = {n for n, p in params.items() if same_memory(p, tensors[n])}
-    eligible = standard_linear_params(module) | {
-        n for n, p in params.items() if "weight_loader" not in p.__dict__
+    with torch.device("meta"):
+        built = TinyDiT()  # the model's own parameters, whatever the load made of them
+    # Parameters with a weight_loader; plain ones (norms, embeddings) are ZC-2b's, in any mode.
+    params = {
+        n: module.get_parameter(n)
+        for n, p in built.named_parameters()
+        if "weight_loader" in p.__dict__
     }
-    assert adopted == eligible
+    adopted = {n for n, p in params.items() if same_memory(p, tensors[n])}
+    assert adopted == standard_linear_params(built)
     assert all(not params[name].requires_grad for name in adopted)
     assert all(is_on(device, direct_device) for device in on_device(module))
 

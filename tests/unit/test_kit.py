@@ -225,9 +225,14 @@ def test_adapter_whose_capabilities_run_nothing_fails_the_run(kit: pytest.Pytest
 
 
 def test_no_contract_test_collected_is_an_error_when_judging(kit: pytest.Pytester) -> None:
-    result = run(kit, "-m", "internal", "--loader=tinyloaders:Good")
+    result = run(kit, "-m", "internal", "--loader=tinyloaders:Good", "--conformance-report=r.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "no contract test was collected (1 test(s) selected" in result.stderr.str()
+    assert not (kit.path / "r.json").exists()
+    # The suite's own tests alone (the selftest tier) run, and get no verdict.
+    internal = run(kit, "-m", "internal", "--loader=tinyloaders:Good")
+    assert internal.ret == pytest.ExitCode.OK
+    assert not re.search(r"=+ conformance =+", internal.stdout.str())
     result = run(
         kit, "-k", "nothing_matches", "--conformance-report=r.json", "--loader=tinyloaders:Good"
     )
@@ -472,6 +477,8 @@ def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pyteste
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert not (kit.path / "r.json").exists()
+    internal = run(kit, "-m", "internal", "--loader=tinyloaders:Good", "-p", "xdist", "-n", "2")
+    assert internal.ret == pytest.ExitCode.OK
 
 
 def test_the_old_import_paths_still_name_the_kit_objects() -> None:

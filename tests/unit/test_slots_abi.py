@@ -170,9 +170,9 @@ def test_a_parameter_subclass_is_refused_by_class_name() -> None:
     with pytest.raises(StateDictABIError) as caught:
         state_slots(module, component="vae")
     assert str(caught.value) == (
-        "vae: weight is a FancyParameter, not a plain nn.Parameter; its shape or class is settled"
-        " by code that direct streaming does not run. Use plain parameters or load vae without"
-        " direct loading"
+        "vae: weight is a FancyParameter, not a plain nn.Parameter; its class is settled by code"
+        " that direct streaming does not run. Use plain parameters or load vae without direct"
+        " loading"
     )
 
 

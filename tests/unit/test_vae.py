@@ -33,6 +33,7 @@ from fakes.vae import (
     HookedBufferVAE,
     IntegerParameterVAE,
     LateParamsVAE,
+    LazyBufferVAE,
     LazyVAE,
     OverriddenBatchNormVAE,
     PatchedInstanceVAE,
@@ -427,28 +428,45 @@ def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
     )
 
 
+# (the module, the lazy slot); the checkpoint holds a tensor of the right size for that slot,
+# so only its being lazy is wrong.
+LAZY = [
+    pytest.param(LazyVAE, "decoder.conv_in.weight", id="lazy-parameter"),
+    pytest.param(LazyBufferVAE, "decoder.scale", id="lazy-buffer"),
+]
+
+
 @pytest.mark.rule("VAE-4b")
-def test_lazy_parameters_are_refused_by_name_before_reading(
+@pytest.mark.parametrize(("cls", "lazy"), LAZY)
+def test_lazy_state_is_refused_by_name_before_reading(
     loader: SeamLoader,
     runtime_device: torch.device,
-    big_checkpoints: Callable[..., Path],
+    tmp_path: Path,
     evidence: None,
+    *,
+    cls: type[nn.Module],
+    lazy: str,
 ) -> None:
-    """A lazy layer's parameters are settled by its first forward: refused by name before any
-    tensor data is read (the checkpoint fits the standard VAE, so only the lazy slot differs)."""
-    path = big_checkpoints(StandardVAE)
+    """A lazy parameter or buffer is settled by its layer's first forward: refused by name
+    before any tensor data is read."""
+    state = _state(config=BIG)
+    state.setdefault(lazy, torch.ones(BIG.hidden))
+    path = write_vae_checkpoint(state, tmp_path)
     refused_before_reading(
-        lambda: loader.load_vae(RecordingBuild(LazyVAE, BIG), path, device=runtime_device),
+        lambda: loader.load_vae(RecordingBuild(cls, BIG), path, device=runtime_device),
         path,
-        "decoder.conv_in.weight",
+        lazy,
     )
 
 
 @pytest.mark.rule("VAE-4b")
-def test_lazy_state_is_refused_by_the_slot_check_too(loader: SeamLoader) -> None:
+@pytest.mark.parametrize(("cls", "lazy"), LAZY)
+def test_lazy_state_is_refused_by_the_slot_check_too(
+    loader: SeamLoader, cls: type[nn.Module], lazy: str
+) -> None:
     with torch.device("meta"):
-        model = LazyVAE(CONFIG)
-    refusal(lambda: loader.vae_state_slots(model), "decoder.conv_in.weight")
+        model = cls(CONFIG)
+    refusal(lambda: loader.vae_state_slots(model), lazy)
 
 
 @pytest.mark.rule("VAE-5")
