@@ -20,7 +20,7 @@ python3 -m venv "$work/venv"
 mkdir "$work/elsewhere" && cd "$work/elsewhere"
 export CUDA_VISIBLE_DEVICES=
 code=0
-"$work/venv/bin/python" -m reference conform --loader=reference.baseline:PlainAssign \
+"$work/venv/bin/python" -m reference conform --loader=reference.kit.baseline:PlainAssign \
     --conformance-report=r.json -n auto -q --no-header >conform.log 2>&1 || code=$?
 tail -n 3 conform.log
 [ "$code" -eq 1 ] || { echo "conform exited $code; expected 1 (plain-assign breaks MUST rules)"; exit 1; }

@@ -40,6 +40,7 @@ from fakes.broken.dit import (
     FallsBackToUnquantized,
     IgnoresFsdp,
     KeepsCheckpointDtype,
+    LeavesAdoptedTrainable,
     LeavesDitTraining,
     LosesAdoptedAttributes,
     MapsCheckpointShared,
@@ -130,6 +131,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     UpcastsOnOffload,
     BuffersBecomeParameters,
     LeavesDitTraining,
+    LeavesAdoptedTrainable,
     # direct VAE loading
     ReadsWholeVaeCheckpoint,
     ChecksOnlyStateDict,

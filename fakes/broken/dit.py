@@ -181,6 +181,19 @@ class LeavesDitTraining(DiTDefect):
         module.train()
 
 
+class LeavesAdoptedTrainable(DiTDefect):
+    """Hands every floating parameter back with `requires_grad=True`, as `nn.Parameter` makes
+    it, adopted ones included (ZC-9: an adopted parameter has `requires_grad=False`)."""
+
+    name = "broken-leaves-adopted-trainable"
+    breaks = frozenset({"ZC-9"})
+
+    def after(self, module: nn.Module, report: LoadReport) -> None:
+        for param in module.parameters():
+            if param.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+                param.requires_grad_(True)
+
+
 def copy_converted_first(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
     """The copy path, handing a layer's weight_loader the tensor already in the slot's dtype."""
     if slot.is_parameter and "weight_loader" in slot.tensor.__dict__:

@@ -165,7 +165,6 @@ def test_each_rank_adopts_what_it_holds_whole(
     )
     whole = {n for n, _ in module.named_parameters() if whole_on_every_rank(module, n)}
     assert sorted(whole - adopted_params(module, path)) == []
-    assert all(not module.get_parameter(n).requires_grad for n in whole)
 
 
 @pytest.mark.rule("ZC-14")
