@@ -549,6 +549,17 @@ class RecordingBuild:
         self.buffers_on.append({name: t.device.type for name, t in buffers.items()})
         return module
 
+    def assert_untouched(self) -> None:
+        """Every module built still holds its slots on meta: a refusal came before any was
+        filled (a loader that builds on meta and fills before refusing fails here)."""
+        filled = sorted(
+            name for m in self.built for name, t in split_state(m)[0].items() if not t.is_meta
+        )
+        assert not filled, (
+            f"the refusal came after the module was filled: {len(filled)} slots hold data"
+            f" ({', '.join(filled[:3])}{', ...' if len(filled) > 3 else ''})"
+        )
+
 
 def split_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(parameters and persistent buffers, non-persistent buffers) of `module`, by name, read

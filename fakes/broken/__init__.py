@@ -24,6 +24,7 @@ from fakes.broken.admission import (
     MaybeMeansTrue,
     NoMemoryMargin,
     ParsesPastDoubleDash,
+    PutsPositionalsFirst,
     ReadsBeforeRefusingQuantizedDirect,
     StreamsVaesByDefault,
 )
@@ -154,7 +155,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     LenientDitFlag,
     CaseSensitiveComponentValues,
     MaybeMeansTrue,
-    ParsesPastDoubleDash,
+    PutsPositionalsFirst,
     CoercesConstructionValues,
     CaseInsensitiveSelection,
     AdmitsOneFlagAtATime,
@@ -173,6 +174,6 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
 )
 """Every broken loader, in catalogue order."""
 
-CORRECT: tuple[type[BrokenAdapter], ...] = (PreconvertsForWeightLoader,)
+CORRECT: tuple[type[BrokenAdapter], ...] = (PreconvertsForWeightLoader, ParsesPastDoubleDash)
 """Variants of the reference that real loaders do differently and that SPEC leaves free: the
 suite must fail them on nothing (each names the rules whose tests it runs, `exercises`)."""

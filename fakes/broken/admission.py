@@ -94,13 +94,30 @@ class CaseSensitiveComponentValues(BrokenAdapter):
 
 
 class ParsesPastDoubleDash(BrokenAdapter):
-    """Treats `--` as nothing special: drops it and parses the loading flags after it (ARGS-3)."""
+    """Not broken: treats `--` as nothing special, dropping it and parsing the loading flags
+    after it, as upstream's parser does. ARGS-3 protects only tokens that cannot be read as a
+    flag, and `--` is the start of every flag: SPEC leaves it free, so the suite must fail it on
+    nothing."""
 
-    name = "broken-parses-past-double-dash"
-    breaks = frozenset({"ARGS-3"})
+    name = "correct-parses-past-double-dash"
+    exercises = frozenset({"ARGS-3"})
 
     def parse_server_args(self, argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
         return super().parse_server_args([a for a in argv if a != "--"])
+
+
+class PutsPositionalsFirst(BrokenAdapter):
+    """Hands the unrelated arguments back positionals first, then options, as argparse's
+    `parse_intermixed_args` orders them (ARGS-3: untouched and in order)."""
+
+    name = "broken-puts-positionals-first"
+    breaks = frozenset({"ARGS-3"})
+
+    def parse_server_args(self, argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
+        args, rest = super().parse_server_args(argv)
+        return args, [a for a in rest if not a.startswith("-")] + [
+            a for a in rest if a.startswith("-")
+        ]
 
 
 def truthy(value: object) -> object:

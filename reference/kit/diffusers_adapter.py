@@ -20,7 +20,8 @@ conversion and placement is diffusers' (or accelerate's) own, never re-implement
 diffusers raises, its error passes through, except that `inspect_checkpoint` and
 `read_checkpoint_tensor` convert diffusers' errors into the `CheckpointError` the adapter Protocol
 names. Options diffusers' loading does not have (a decode dtype, channels_last_3d, quantizers the
-adapter does not plumb) raise NotImplementedError, so no rule is credited for them.
+adapter does not plumb) raise the seam's Unsupported (the test is skipped), so no rule is
+credited for them.
 
 Capabilities: `vae_stream` (what from_pretrained does for a VAE) and `checkpoint_safety` (its
 reader). Zero-copy DiT loading, plans, flags, admission and pipelines are sglang-loader concepts
@@ -44,7 +45,7 @@ import torch
 from torch import nn
 
 from reference.errors import CheckpointError
-from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, Unsupported
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
@@ -193,19 +194,19 @@ class DiffusersLoader:
         `quantization` becomes from_pretrained's `quantization_config` argument as a dict.
 
         Raises:
-            NotImplementedError: `decode_dtype` or `channels_last_3d` (diffusers' loading has
+            Unsupported: `decode_dtype` or `channels_last_3d` (diffusers' loading has
                 neither), or a quantizer diffusers accepts (the adapter does not plumb one).
             Whatever diffusers raises, unchanged.
         """
         if decode_dtype is not None or channels_last_3d:
-            raise NotImplementedError(
+            raise Unsupported(
                 "diffusers' from_pretrained has no decode_dtype or channels_last_3d option"
             )
         lib = self.lib
         device_map = {"": device}
         quantizer = self._quantizer(config, quantization)
         if quantizer is not None:
-            raise NotImplementedError(
+            raise Unsupported(
                 f"{component}: diffusers accepted quantizer {type(quantizer).__name__}; "
                 "this adapter does not plumb diffusers quantizers"
             )

@@ -8,12 +8,14 @@ in words, and what was expected against what the loader did, without tensor or s
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from reference.kit.seam import LoaderAdapter, capability_of
+from reference.kit.seam import LoaderAdapter, Unsupported, capability_of
 
 __all__ = ["LINE_LIMIT", "SeamView", "SeamViolation", "describe", "first_difference", "one_line"]
 
@@ -29,7 +31,8 @@ class SeamView:
     """The loader under test as one test reaches it.
 
     Attributes other than seam methods (`name`, `capabilities`, anything the adapter adds) pass
-    through; a seam method passes only when one of the test's capabilities has it.
+    through; a seam method passes only when one of the test's capabilities has it, and its
+    `Unsupported` (an option the loader does not take) skips the test with the reason.
     """
 
     def __init__(
@@ -48,10 +51,26 @@ class SeamView:
                 f" marked with {marked}: a defect of the suite (mark the test, or reach the"
                 " loader through its own capability's methods), not of the loader"
             )
-        return getattr(self._adapter, name)
+        attribute = getattr(self._adapter, name)
+        if owners and callable(attribute):
+            return _skipping_unsupported(attribute, name)
+        return attribute
 
     def __repr__(self) -> str:
         return f"<{self._adapter.name} seen through {', '.join(sorted(self._marked))}>"
+
+
+def _skipping_unsupported(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`method`, with the adapter's `Unsupported` turned into a skip of the test naming it."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except Unsupported as unsupported:
+            pytest.skip(f"the adapter's {name} does not take this request: {unsupported}")
+
+    return call
 
 
 def describe(value: object) -> str:

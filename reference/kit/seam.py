@@ -72,6 +72,7 @@ __all__ = [
     "ServerArgsLike",
     "TensorParallel",
     "TensorRecord",
+    "Unsupported",
     "VaeStream",
     "Verdict",
     "ZeroCopy",
@@ -123,12 +124,27 @@ class Plan:
     load_full_state_dict_on_device: bool = False
 
 
+class Unsupported(NotImplementedError):
+    """Raised by an adapter for an option of a seam method that its loader does not take from
+    the caller (a decode dtype it decides itself, a quantization it reads only from files).
+
+    The test that asked is skipped with this reason: the rule is not credited, and no other
+    error is read as a skip (a NotImplementedError from inside a load stays a failure).
+    """
+
+
 # --- one Protocol per capability ----------------------------------------------------------------
 
 
 @runtime_checkable
 class LoaderAdapter(Protocol):
-    """What every adapter has, whatever it declares."""
+    """What every adapter has, whatever it declares.
+
+    One optional attribute: `runtime_device_setting = False` says the loader has no
+    runtime-device setting (its DiT and components run on CUDA whenever the platform is CUDA;
+    `make_server_args` then ignores `runtime_device`), so the cases SPEC DG-2 exempts, a CPU
+    runtime device under a CUDA platform, are skipped for it. Absent means True.
+    """
 
     name: str
     capabilities: frozenset[str]

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from fakes.checkpoints import write_checkpoint
 from fakes.evidence import DataReads, data_bytes, evidence_missing
-from fakes.judge import refusal
+from fakes.judge import refusal, skip_cpu_runtime_without_the_setting
 from fakes.pipelines import (
     FULL_PIPELINE,
     SMALL_PIPELINE,
@@ -167,7 +167,7 @@ def test_reference_ignores_an_undeclared_component_set_to_false(
 
 
 @pytest.mark.capability(ADMISSION)
-@pytest.mark.rule("ADM-1", "DG-7")
+@pytest.mark.rule("ADM-1")
 def test_dit_flag_without_a_transformer_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
@@ -196,8 +196,17 @@ def test_selected_component_needs_cuda_and_residency(
     elif problem == "offloaded":  # under the other spelling of its name
         other = name.replace("_", "-") if selected == name else name
         options["component_cpu_offload"] = {other: True}
-    args = loader.make_server_args(component_direct_gpu_weight_loading={selected: True}, **options)
-    error = refusal(lambda: loader.admit(pipeline_dir, args, platform=platform))
+    skip_cpu_runtime_without_the_setting(loader, options["runtime_device"])
+    # Construction may refuse already (ARGS-4: it validates too); else admission must.
+    error = refusal(
+        lambda: loader.admit(
+            pipeline_dir,
+            loader.make_server_args(
+                component_direct_gpu_weight_loading={selected: True}, **options
+            ),
+            platform=platform,
+        )
+    )
     assert_names_one_of(error, SEL, SEL_U)
     assert_names_component(error, name)
     # Without the selection the same options are admitted: the refusal is about the request.

@@ -34,7 +34,7 @@ def test_fsdp_drops_the_post_process_device_of_a_resident_component(
     plan = Plan(checkpoint_load_device=runtime_device, weight_postprocess_device=runtime_device)
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, report = loader.load_dit(
+        module, _ = loader.load_dit(
             lambda: TinyDiT(quantization=spec),
             path,
             plan=plan,
@@ -48,6 +48,9 @@ def test_fsdp_drops_the_post_process_device_of_a_resident_component(
     assert any(
         "postprocess" in w.lower().replace("-", "").replace("_", "").replace(" ", "") for w in seen
     ), f"the post-process device was dropped without a warning naming it: {seen}"
-    assert report.plan.weight_postprocess_device is None
-    assert report.plan.defer_cpu_offload is False
-    assert report.plan.checkpoint_load_device == plan.checkpoint_load_device
+    # Judged by what happened, not by the plan the report carries: nothing was deferred.
+    load = plan.checkpoint_load_device
+    assert all(
+        t.device.type == load.type and load.index in (None, t.device.index)
+        for t in module.parameters()
+    )

@@ -407,12 +407,15 @@ def test_assertion_in_weight_loader_names_parameter_shapes_and_class(
     loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path
 ) -> None:
     """The error names the parameter, its class and each dimension of the three shapes
-    (checkpoint (64, 16), target and temporary (64, 32)), in any format and order."""
+    (checkpoint (64, 16), target and temporary (64, 32)), in any format and order. Its type is
+    free: SPEC asks for the assertion re-raised, so the AssertionError itself (upstream) or an
+    error it is chained to (the reference's StateMismatchError) both conform."""
     path = bad_mlp_checkpoint(tmp_path)
     error = refusal(
         lambda: loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS),
         "blocks.0.mlp_up.weight",
         "Parameter",
+        error=Exception,
     )
     numbers = re.findall(r"\d+", str(error).replace("blocks.0.mlp_up.weight", ""))
     assert {"64", "16", "32"} <= set(numbers), str(error)
@@ -434,7 +437,7 @@ def test_reference_words_a_failed_weight_loader(
     assert isinstance(caught.value.__cause__, AssertionError)
 
 
-@pytest.mark.rule("ZC-11")
+@pytest.mark.rule("CKPT-5")
 def test_wrong_shape_without_weight_loader_is_refused_by_name(
     loader: SeamLoader, offload_plan: PlanLike
 ) -> None:

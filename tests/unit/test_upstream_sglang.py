@@ -1,0 +1,121 @@
+"""sglang's row stays honest: the rules sglang 0.5.23's loader fails are the README's table.
+
+The README lists every rule the upstream loader fails under the suite (between the
+`<!-- sglang-failures -->` markers), each with the line of sglang's source that shows the
+behaviour and whether the rule is a gap SPEC names ([+]) or an upstream rule sglang breaks ([U]).
+`docs/matrix/sglang-cpu.json` is the report `tox -e matrix-sglang` last wrote.
+
+Two checks. In every run (cheap): the table is well formed, each row's origin is the catalogue's,
+and the committed report fails exactly the table's rules. In the selftest tier, where sglang is
+installed (`tox -e matrix-sglang` runs it after writing a fresh report): the suite as it is now
+is run against sglang (or the fresh report named by `SGLANG_ROW_REPORT` is read) and must fail
+exactly the table's rules, so a suite change that flips one of sglang's verdicts is seen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reference.rules import BY_ID
+
+pytestmark = pytest.mark.internal
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+COMMITTED = ROOT / "docs" / "matrix" / "sglang-cpu.json"
+ADAPTER = "reference.kit.sglang_adapter:SglangLoader"
+BEGIN, END = "<!-- sglang-failures -->", "<!-- /sglang-failures -->"
+ROW = re.compile(
+    r"^\| (?P<rule>[A-Z0-9]+-\d+[a-z]?) \| (?P<origin>\[\+\]|\[U\]) \| (?P<source>[^|]+) \|"
+)
+SOURCE = re.compile(r"`sglang/[\w/.]+\.py:\d+(?:-\d+)?`")
+# The whole contract suite against sglang, in a fresh interpreter a deadline stops.
+DEADLINE_S = 3600
+
+
+def table() -> dict[str, tuple[str, str]]:
+    """The README's table: rule -> (origin mark, source column)."""
+    if README.is_file() is False:
+        pytest.skip("no README beside the tests (an installed copy of the suite)")
+    text = README.read_text(encoding="utf-8")
+    assert BEGIN in text, f"README.md has no {BEGIN} ... {END} table"
+    assert END in text, f"README.md has no {BEGIN} ... {END} table"
+    rows: dict[str, tuple[str, str]] = {}
+    for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
+        match = ROW.match(line)
+        if match:
+            assert match["rule"] not in rows, f"{match['rule']} is in the table twice"
+            rows[match["rule"]] = (match["origin"], match["source"])
+    assert rows, "the sglang table has no rows"
+    return rows
+
+
+def failed(report: dict[str, Any]) -> set[str]:
+    return {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
+
+
+def test_the_table_names_catalogue_rules_their_origin_and_a_source_line() -> None:
+    for rule, (origin, source) in table().items():
+        assert rule in BY_ID, f"{rule} is not a rule of the catalogue"
+        expected = "[+]" if BY_ID[rule].origin == "beyond" else "[U]"
+        assert origin == expected, f"{rule} is {expected} in the catalogue, {origin} in the table"
+        assert SOURCE.search(source), f"{rule}: no sglang file:line in {source.strip()!r}"
+
+
+def test_the_committed_report_fails_exactly_the_tables_rules() -> None:
+    if not COMMITTED.is_file():
+        pytest.skip(f"no committed sglang report at {COMMITTED}: tox -e matrix-sglang writes it")
+    report = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    assert report["loader"]["name"] == "sglang"
+    assert sorted(failed(report)) == sorted(table())
+
+
+def fresh_report(tmp_path: Path) -> dict[str, Any]:
+    """The report of the suite as it is now against sglang: the one `SGLANG_ROW_REPORT` names,
+    or a run made here."""
+    named = os.environ.get("SGLANG_ROW_REPORT")
+    if named and Path(named).is_file():
+        return json.loads(Path(named).read_text(encoding="utf-8"))
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang 0.5.23 is not installed here: tox -e matrix-sglang builds its env")
+    out = tmp_path / "sglang.json"
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(ROOT / "tests" / "unit"),
+        "-q",
+        "-m",
+        "not internal",
+        "--runtime-device=cpu",
+        f"--loader={ADAPTER}",
+        f"--conformance-report={out}",
+        f"--basetemp={tmp_path / 'run'}",
+        "-p",
+        "no:cacheprovider",
+    ]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+    subprocess.run(command, cwd=ROOT, env=env, timeout=DEADLINE_S, capture_output=True, check=False)
+    assert out.is_file(), "the run against sglang wrote no report"
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+@pytest.mark.selftest
+def test_sglang_still_fails_exactly_the_tables_rules(tmp_path: Path) -> None:
+    report = fresh_report(tmp_path)
+    got, listed = failed(report), set(table())
+    assert not got - listed, (
+        f"sglang fails rules the README's table does not list: {sorted(got - listed)}"
+    )
+    assert not listed - got, (
+        f"rules the table lists that sglang no longer fails: {sorted(listed - got)}"
+    )
