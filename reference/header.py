@@ -22,8 +22,9 @@ import torch
 
 from reference.errors import CheckpointError
 
-# Same bound as the safetensors library: larger headers are refused as corrupt.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# The safetensors library's own bound (MAX_HEADER_SIZE, 100,000,000 bytes): a larger header is
+# refused as corrupt, so a file the library refuses is refused here too.
+MAX_HEADER_BYTES = 100_000_000
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 DTYPES: dict[str, torch.dtype] = {

@@ -1,5 +1,4 @@
-"""The suite's plugin, for runs from a clone that did not install the package (`tox -e gpu`, a
-bare venv): an installed package registers the same module through its `pytest11` entry point,
-and pytest loads it once."""
+"""The suite's plugin, for every run from a clone (installed or not: the package registers no
+pytest entry point, so nothing loads it into other pytest runs)."""
 
 pytest_plugins = ["reference.kit.plugin"]

@@ -1,12 +1,13 @@
 """The suite's pytest plugin: loader under test, expectations, runtime device, rules, the report.
 
-Registered as the `pytest11` entry point `reference.kit.plugin`, so an installed package brings it
-to every pytest run; a clone's `tests/conftest.py` names the same module, which pytest then loads
-once. Options: `--loader=SPEC` (else $LOADER_UNDER_TEST; there is no default: a run that collects
-a contract test without one is a usage error; see reference.kit.selection),
-`--expectations=FILE` (see reference.kit.expectations), `--runtime-device`,
-`--conformance-report`. Fixtures: `loader`, `runtime_device`, `conformance`, `offload_plan`,
-`known_rules`.
+Loaded only when asked, so it costs nothing in any other pytest run of the environment:
+`python -m reference conform` passes `-p reference.kit.plugin`, a clone's `tests/conftest.py`
+names it, and a run of the installed suite under one's own configuration adds
+`-p reference.kit.plugin` (no `pytest11` entry point). Options: `--loader=SPEC` (else
+$LOADER_UNDER_TEST; there is no default: a run that collects a contract test without one is a
+usage error; see reference.kit.selection), `--expectations=FILE` (see
+reference.kit.expectations), `--runtime-device`, `--conformance-report`. Fixtures: `loader`,
+`runtime_device`, `conformance`, `offload_plan`, `known_rules`.
 
 The seam is enforced: the `loader` fixture lets a test call only the methods of the capabilities
 it is marked with (reference.kit.seam.METHODS). A call outside them is a defect of the suite, not

@@ -53,7 +53,7 @@ def test_conform_judges_the_selected_loader_and_writes_its_report(
     code = main(
         [
             "conform",
-            "--loader=reference.baseline:PlainAssign",
+            "--loader=reference.kit.baseline:PlainAssign",
             f"--conformance-report={report_path}",
             "-k",
             SELECTION,

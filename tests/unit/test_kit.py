@@ -481,17 +481,22 @@ def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pyteste
     assert internal.ret == pytest.ExitCode.OK
 
 
-def test_the_old_import_paths_still_name_the_kit_objects() -> None:
-    """Adopters import the seam from reference.adapter and name reference.baseline in --loader."""
-    import reference.adapter
-    import reference.baseline
-    import reference.kit.baseline
-    import reference.kit.seam
+def test_the_package_loads_no_plugin_into_other_pytest_runs() -> None:
+    """No pytest11 entry point: installing the kit changes no other pytest run (nor imports
+    torch into it); conform and the clone's conftest name the plugin themselves."""
+    from importlib.metadata import entry_points
 
-    assert reference.adapter.LoaderAdapter is reference.kit.seam.LoaderAdapter
-    assert reference.adapter.ALL_CAPABILITIES is reference.kit.seam.ALL_CAPABILITIES
-    assert resolve_spec("reference.baseline:PlainAssign", origin="x").name == "plain-assign"
-    assert reference.baseline.PlainAssign is reference.kit.baseline.PlainAssign
+    ours = [e for e in entry_points(group="pytest11") if e.value.startswith("reference")]
+    assert ours == []
+
+
+def test_the_kit_has_no_second_import_path() -> None:
+    """0.1.0 is unreleased: the seam and the baselines live in reference.kit only."""
+    import importlib.util
+
+    assert importlib.util.find_spec("reference.adapter") is None
+    assert importlib.util.find_spec("reference.baseline") is None
+    assert resolve_spec("reference.kit.baseline:PlainAssign", origin="x").name == "plain-assign"
 
 
 # --- the seam, and what a failure says ---------------------------------------------------------
