@@ -8,12 +8,15 @@ The plugin tests run this repository's conftest against a tiny suite in a tempor
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import reference
 from reference.errors import CheckpointError
 from reference.kit.isolated import attempt
 from reference.kit.reference_adapter import ReferenceAdapter
@@ -572,7 +575,9 @@ def test_a_failure_is_one_line_rule_first_and_the_report_keeps_it(kit: pytest.Py
     assert "Traceback" not in out
 
 
-def test_a_ctrl_c_ends_with_pytests_summary_and_no_false_diagnosis(kit: pytest.Pytester) -> None:
+def test_a_ctrl_c_ends_with_pytests_summary_and_no_false_diagnosis(
+    kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kit.makepyfile(
         test_interrupt="""
 import pytest
@@ -584,7 +589,12 @@ def test_interrupted(loader):
     raise KeyboardInterrupt
 """
     )
-    # In a subprocess: the interrupt must not reach the pytest running this test.
+    # In a subprocess: the interrupt must not reach the pytest running this test. The package
+    # may be uninstalled (a bare venv runs the suite from the clone): its folder goes on the path.
+    home = str(Path(reference.__file__).resolve().parents[1])
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))
+    )
     result = kit.runpytest_subprocess(
         "-p", "no:cacheprovider", "test_interrupt.py", "--loader=tinyloaders:Good"
     )
