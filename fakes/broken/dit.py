@@ -130,7 +130,7 @@ class CopiesWithoutWeightLoader(DiTDefect):
 def copy_keeping_dtype(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
     """The copy path, except that a parameter without weight_loader keeps the file's dtype."""
     target = slot.tensor
-    if not slot.is_parameter or "weight_loader" in target.__dict__:
+    if not slot.is_parameter or "weight_loader" in target.__dict__ or tensor.shape != target.shape:
         return reference_copy(slot, tensor, load_device)
     fresh = tensor.to(load_device, copy=True)
     new = torch.Tensor._make_subclass(type(target), fresh, target.requires_grad)
@@ -148,9 +148,6 @@ class KeepsCheckpointDtype(DiTDefect):
     also_fails = MappingProxyType(
         {
             "ZC-10": "the converted-once test pins ZC-10 and ZC-11 together",
-            "CKPT-5": "taking the file's tensor as is skips the shape check with the conversion,"
-            " so a wrong-shaped tensor comes back as the parameter instead of a refusal",
-            "CKPT-4": "the corpus's another-dtype case pins the conversion on every path",
         }
     )
 

@@ -241,14 +241,15 @@ def test_another_models_weights_in_a_pipeline_are_a_state_mismatch(
 
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.parametrize("path", ON_CHECKPOINTS)
-def test_another_dtype_is_converted_to_the_slots_dtype_not_refused(
+def test_another_dtype_is_loaded_not_refused(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
 ) -> None:
+    """Another dtype is not corruption: the load goes through holding the file's values. Into
+    which dtype they land is ZC-11's (DiT) and VAE-7's (VAE) to judge."""
     state = {n: t.to(torch.float16) for n, t in small_state().items()}
     checkpoint = write_checkpoint(state, tmp_path)
     sealed.add(tmp_path)
     module: nn.Module = load_checkpoint(path, loader, checkpoint, runtime_device=runtime_device)
     for name, tensor in module.state_dict().items():
-        assert tensor.dtype == small_state()[name].dtype, name
         if not tensor.is_meta:
-            assert torch.equal(tensor.cpu(), state[name].to(tensor.dtype)), name
+            assert torch.equal(tensor.cpu().to(torch.float16), state[name]), name
