@@ -871,6 +871,49 @@ def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
     assert tied.encoder.block.norm2.weight.is_meta
 
 
+@pytest.mark.rule("VAE-1", "VAE-9")
+@pytest.mark.reference_only("the reference's own meta build")
+def test_reference_builds_on_meta_in_two_threads_at_once_and_leaves_others_alone() -> None:
+    """Two builds running at the same moment in two threads each come out as a meta build
+    gives them; a module built meanwhile in a third thread, outside any build, is real."""
+    import threading
+
+    from reference.vae import build_on_meta
+
+    inside, both_inside = threading.Barrier(3), threading.Event()
+    results: dict[str, nn.Module] = {}
+
+    def slow(cls: type[StandardVAE], key: str) -> Callable[[], nn.Module]:
+        def build() -> nn.Module:
+            inside.wait(timeout=30)  # both builds are running now
+            both_inside.wait(timeout=30)
+            return cls(CONFIG)
+
+        return lambda: results.setdefault(key, build_on_meta(build, component=key))
+
+    threads = [
+        threading.Thread(target=slow(PlainBufferVAE, "a")),
+        threading.Thread(target=slow(StandardVAE, "b")),
+    ]
+    for thread in threads:
+        thread.start()
+    inside.wait(timeout=30)
+    outside = StandardVAE(CONFIG)  # built while both builds are active
+    both_inside.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not any(t.is_meta for t in outside.state_dict().values())
+    for key, cls in (("a", PlainBufferVAE), ("b", StandardVAE)):
+        module = results[key]
+        assert type(module) is cls
+        assert all(t.is_meta for t in split_state(module)[0].values()), key
+    assert torch.equal(
+        results["a"].get_buffer("decoder.temporal.freqs"),
+        PlainBufferVAE(CONFIG).get_buffer("decoder.temporal.freqs"),
+    )
+
+
 # --- VAE-10: requires_grad -----------------------------------------------------------------------
 
 
