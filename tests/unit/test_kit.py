@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import reference
+from fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.errors import CheckpointError
+from reference.kit.failures import SeamView
 from reference.kit.isolated import attempt
 from reference.kit.reference_adapter import ReferenceAdapter
-from reference.kit.seam import CHECKPOINT_SAFETY, PLANS
+from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported
 from reference.kit.selection import (
     ENTRY_POINT_GROUP,
     ENV_VAR,
@@ -638,3 +641,36 @@ def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> No
     assert attempt(spec, marked, "inspect_checkpoint", "ok").outcome == "returned"
     outside = attempt(spec, frozenset({PLANS}), "inspect_checkpoint", "ok")
     assert outside.raised("SeamViolation")
+
+
+# --- options a loader does not take, and a loader without a runtime-device setting -------------
+
+
+class DecidesItsOwnDtype:
+    name = "decides-its-own-dtype"
+    capabilities = frozenset({VAE_STREAM})
+
+    def load_vae(self, build: object, checkpoint: object, *, decode_dtype: object = None) -> None:
+        if decode_dtype == "unsupported":
+            raise Unsupported("this loader picks the decode dtype itself")
+        raise NotImplementedError("a bug inside the load")
+
+
+def test_an_unsupported_option_skips_and_nothing_else_does() -> None:
+    """The seam's `Unsupported` from a seam method skips the test saying why; any other error,
+    a NotImplementedError from inside a load included, stays the loader's failure."""
+    view = SeamView(DecidesItsOwnDtype(), allowed=frozenset({"load_vae"}), marked=frozenset())
+    with pytest.raises(pytest.skip.Exception, match="picks the decode dtype itself"):
+        view.load_vae(None, None, decode_dtype="unsupported")
+    with pytest.raises(NotImplementedError, match="a bug inside the load"):
+        view.load_vae(None, None)
+
+
+def test_a_loader_without_a_runtime_device_setting_skips_only_the_cpu_runtime_cases() -> None:
+    class NoSetting:
+        runtime_device_setting = False
+
+    with pytest.raises(pytest.skip.Exception, match="no runtime-device setting"):
+        skip_cpu_runtime_without_the_setting(NoSetting(), torch.device("cpu", 0))
+    skip_cpu_runtime_without_the_setting(NoSetting(), torch.device("cuda"))
+    skip_cpu_runtime_without_the_setting(object(), torch.device("cpu"))  # absent means it has one
