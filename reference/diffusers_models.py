@@ -170,12 +170,3 @@ def model_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[]
         return module
 
     return build
-
-
-def dit_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
-    """Resolve the DiT class now; return a `build()` that constructs it from config.json.
-
-    Raises:
-        CheckpointError: from `resolve_dit_class`; from `build()`, a config the class rejects.
-    """
-    return model_builder(component, resolve_dit_class(component))

@@ -8,9 +8,9 @@ parameter, or made on `meta` on purpose) needs a `rebuild_buffers(device)` metho
 submodule that owns it, which recomputes it after the stream; without one the load is refused
 right after the build, naming the buffers, before any tensor data is read.
 
-The policy steps (VAE-11) are the same functions an ordinary load runs: Conv3d weights to
-`channels_last_3d` when asked, and the decoder held in a decode dtype through the VAE's own
-`prepare_decode_dtype(dtype)` method.
+The policy steps (VAE-11) give the streamed module what an ordinary load followed by the same
+steps gives (the suite compares the two): Conv3d weights to `channels_last_3d` when asked, and
+the decoder held in a decode dtype through the VAE's own `prepare_decode_dtype(dtype)` method.
 """
 
 from __future__ import annotations

@@ -45,13 +45,14 @@ import torch
 from torch import nn
 
 from reference.errors import CheckpointError
+from reference.extras import install_hint
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, Unsupported
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
 
 INDEX_SUFFIX = ".safetensors.index.json"
-NEEDS = "needs diffusers and accelerate (pip install diffusers accelerate)"
+NEEDS = f"needs the diffusers extra, which brings accelerate: {install_hint('diffusers')}"
 # from_pretrained's file fallbacks, in its order: an index, the safetensors file, the pickle file.
 WEIGHTS_GLOBS = ("*.safetensors", "*.bin")
 # What diffusers' readers raise on purpose for a bad file or index: load_state_dict re-raises

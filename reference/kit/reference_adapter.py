@@ -97,7 +97,8 @@ class ReferencePlans:
 
 
 class ReferenceAdapter(ReferencePlans):
-    """The reference loader behind the seam. It declares every capability it implements."""
+    """The reference loader behind the seam: it declares every capability of the seam
+    (`ALL_CAPABILITIES`), and implements each."""
 
     name = "reference"
     capabilities: frozenset[str] = frozenset({PLANS})
@@ -285,25 +286,13 @@ class ReferenceAdapter(ReferencePlans):
             reader.close()
 
 
-# DiT capabilities of the reference (section owner adds them here).
-_DIT_CAPABILITIES: frozenset[str] = frozenset({ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL})
-
-
-# VAE capabilities of the reference (section owner adds them here).
-_VAE_CAPABILITIES: frozenset[str] = frozenset({VAE_STREAM})
-
-# Arguments/admission capabilities of the reference (section owner adds them here).
-_ADMISSION_CAPABILITIES: frozenset[str] = frozenset(
-    {CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES}
-)
-
-# Checkpoint-safety capabilities of the reference (section owner adds them here).
-_CHECKPOINT_CAPABILITIES: frozenset[str] = frozenset({CHECKPOINT_SAFETY})
-
-ReferenceAdapter.capabilities = (
-    ReferenceAdapter.capabilities
-    | _DIT_CAPABILITIES
-    | _VAE_CAPABILITIES
-    | _ADMISSION_CAPABILITIES
-    | _CHECKPOINT_CAPABILITIES
+# Every capability of the seam, by part of the contract (the methods are defined above).
+ReferenceAdapter.capabilities = frozenset(
+    {
+        PLANS,
+        *(ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL),
+        VAE_STREAM,
+        *(CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES),
+        CHECKPOINT_SAFETY,
+    }
 )

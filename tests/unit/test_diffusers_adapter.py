@@ -30,7 +30,7 @@ from reference.quantization import QuantizationSpec
 pytestmark = pytest.mark.internal
 
 CPU = torch.device("cpu")
-NEEDS = "needs diffusers and accelerate (diffusers' meta-device path)"
+NEEDS = "needs the diffusers extra, which brings accelerate (diffusers' meta-device path)"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_reference_imports_it_without_diffusers(monkeypatch: pytest.MonkeyPatch)
     module = importlib.reload(importlib.import_module("reference.kit.diffusers_adapter"))
     assert module.DiffusersLoader.capabilities == frozenset({VAE_STREAM, CHECKPOINT_SAFETY})
     assert module.DiffusersLoader.capabilities <= ALL_CAPABILITIES
-    with pytest.raises(ImportError, match="needs diffusers and accelerate"):
+    with pytest.raises(ImportError, match="needs the diffusers extra, which brings accelerate"):
         module.DiffusersLoader()
 
 
