@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+import torch
 
 from reference.kit.failures import SeamViolation
 
@@ -85,12 +86,11 @@ def loaded_or_skip(call: Callable[[], T], *, judged_by: str) -> T:
         )
 
 
-def skip_cpu_runtime_without_the_setting(loader: object, runtime_device: object) -> None:
+def skip_cpu_runtime_without_the_setting(loader: object, runtime_device: torch.device) -> None:
     """Skip a CPU-runtime-device case under a CUDA platform for a loader without a
     runtime-device setting (its adapter says `runtime_device_setting = False`): its DiT and
     components run on CUDA whenever the platform is CUDA, so the case cannot arise (SPEC DG-2)."""
-    device_type = getattr(runtime_device, "type", None)
-    if device_type == "cpu" and getattr(loader, "runtime_device_setting", True) is False:
+    if runtime_device.type == "cpu" and getattr(loader, "runtime_device_setting", True) is False:
         pytest.skip(
             "the loader has no runtime-device setting: a CPU runtime device under a CUDA"
             " platform cannot arise for it (SPEC DG-2)"

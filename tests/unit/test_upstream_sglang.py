@@ -44,7 +44,7 @@ DEADLINE_S = 3600
 
 def table() -> dict[str, tuple[str, str]]:
     """The README's table: rule -> (origin mark, source column)."""
-    if README.is_file() is False:
+    if not README.is_file():
         pytest.skip("no README beside the tests (an installed copy of the suite)")
     text = README.read_text(encoding="utf-8")
     assert BEGIN in text, f"README.md has no {BEGIN} ... {END} table"

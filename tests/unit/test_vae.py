@@ -578,10 +578,24 @@ def big_state() -> dict[str, torch.Tensor]:
     return _state(config=BIG)
 
 
+def over_defective_tensors(test: Callable[..., None]) -> Callable[..., None]:
+    """`test` for each defect on each target tensor, in one file and across two shards."""
+    for mark in (
+        pytest.mark.parametrize("defect", ["unknown", "wrong_shape", "duplicate"]),
+        pytest.mark.parametrize("target", sorted(TARGETS)),
+        pytest.mark.parametrize("shards", [1, 2]),
+    ):
+        test = mark(test)
+    return test
+
+
+def defective_name(target: str, defect: str) -> str:
+    """The tensor the defect is on: the target itself, or a name beside it no slot takes."""
+    return f"{TARGETS[target]}_extra" if defect == "unknown" else TARGETS[target]
+
+
 @pytest.mark.rule("VAE-7")
-@pytest.mark.parametrize("shards", [1, 2])
-@pytest.mark.parametrize("target", sorted(TARGETS))
-@pytest.mark.parametrize("defect", ["unknown", "wrong_shape", "duplicate"])
+@over_defective_tensors
 def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_by_name(
     loader: SeamLoader,
     runtime_device: torch.device,
@@ -593,15 +607,13 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_by_name(
 ) -> None:
     """A name seen twice (across shards), a tensor no slot takes, a wrong shape: refused naming
     the tensor (when is CKPT-3's, judged below)."""
-    name = TARGETS[target] if defect != "unknown" else f"{TARGETS[target]}_extra"
+    name = defective_name(target, defect)
     bad = write_defective_vae_checkpoint(defect, _state(), tmp_path, shards=shards, name=name)
     refusal(lambda: loader.load_vae(RecordingBuild(), bad.path, device=runtime_device), bad.name)
 
 
 @pytest.mark.rule("CKPT-3")
-@pytest.mark.parametrize("shards", [1, 2])
-@pytest.mark.parametrize("target", sorted(TARGETS))
-@pytest.mark.parametrize("defect", ["unknown", "wrong_shape", "duplicate"])
+@over_defective_tensors
 def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_before_reading(
     loader: SeamLoader,
     runtime_device: torch.device,
@@ -615,7 +627,7 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_before_reading(
 ) -> None:
     """The same refusals come before any tensor data is read, the module untouched (what the
     message names is VAE-7's)."""
-    name = TARGETS[target] if defect != "unknown" else f"{TARGETS[target]}_extra"
+    name = defective_name(target, defect)
     bad = write_defective_vae_checkpoint(defect, big_state, tmp_path, shards=shards, name=name)
     build = RecordingBuild(config=BIG)
     refused_before_reading(
