@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fakes.checkpoints import write_checkpoint
-from fakes.layers import ColumnParallelLinear, RowParallelLinear
-from fakes.vae import StandardVAE, VAEConfig
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.layers import ColumnParallelLinear, RowParallelLinear
+from reference.kit.fakes.vae import StandardVAE, VAEConfig
 
 MIB = 1024 * 1024
 DIT_DTYPE = torch.bfloat16

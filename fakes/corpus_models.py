@@ -9,7 +9,7 @@ Every instance is tracked weakly, so a test can prove that no model built by a f
 still alive once the error is gone (CKPT-5). `while_building(hook)` runs a hook at the end of each
 construction: a test's stand-in for another process that cuts a shard while a load runs.
 Importing this module registers both classes in reference.pipeline.MODELS
-(`python -m reference load DIR --models fakes.corpus_models`).
+(`python -m reference load DIR --models reference.kit.fakes.corpus_models`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fakes.layers import LINEAR_KINDS, ReplicatedLinear
-from fakes.pipelines import FakeComponent, write_pipeline
-from fakes.quant import quant_method_factory
+from reference.kit.fakes.layers import LINEAR_KINDS, ReplicatedLinear
+from reference.kit.fakes.pipelines import FakeComponent, write_pipeline
+from reference.kit.fakes.quant import quant_method_factory
 from reference.pipeline import MODELS
 from reference.quantization import QuantizationSpec
 

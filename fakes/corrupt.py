@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.checkpoints import write_checkpoint
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fakes.vae import randomized_state
+from reference.kit.fakes.vae import randomized_state
 
 SHARD_SIZE = "20KB"
 """A `max_shard_size` that splits every tiny VAE below into several shards."""

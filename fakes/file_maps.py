@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fakes.evidence import safetensors_files
+from reference.kit.fakes.evidence import safetensors_files
 
 MAPS = "/proc/self/maps"
 Position = tuple[str, int]  # (real path of a file, byte offset in it)

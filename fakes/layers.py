@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 from reference.adopt import LinearKinds
+from reference.kit.fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 
 
 def _rank_slice(

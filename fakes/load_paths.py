@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch import nn
 
-from fakes import corpus_models, pipelines
-from fakes.corpus_models import CorpusDiT, CorpusVAE
-from fakes.dit import TinyDiT, write_dit_checkpoint
-from fakes.layers import LINEAR_KINDS
-from fakes.platform import FakePlatform
+from reference.kit.fakes import corpus_models, pipelines
+from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
+from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.platform import FakePlatform
 from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
 
 CHECKPOINT_PATHS = ("dit-adopt", "dit-direct", "vae-stream")

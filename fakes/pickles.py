@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from fakes.checkpoints import write_checkpoint
-from fakes.corrupt import small_state
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.corrupt import small_state
 
 
 def trip(marker: str) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fakes.checkpoints import write_checkpoint
-from fakes.dit import DiTConfig, RotaryDiT, TinyDiT
-from fakes.layers import LINEAR_KINDS
-from fakes.vae import StandardVAE, VAEConfig
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.dit import DiTConfig, RotaryDiT, TinyDiT
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.vae import StandardVAE, VAEConfig
 from reference.pipeline import MODEL_INDEX, MODELS
 from reference.quantization import QuantizationSpec
 
@@ -108,7 +108,8 @@ MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
 (`load_pipeline_component(..., models=MODEL_CLASSES)`)."""
 
-for _cls in MODEL_CLASSES.values():  # for `python -m reference load DIR --models fakes.pipelines`
+# For `python -m reference load DIR --models reference.kit.fakes.pipelines`.
+for _cls in MODEL_CLASSES.values():
     MODELS.register(_cls)
 
 

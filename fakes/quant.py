@@ -9,16 +9,13 @@ each run saw in `runs`, so a test can check where processing ran.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from reference.quantization import QuantizationSpec
-
-if TYPE_CHECKING:
-    from fakes.layers import LinearBase
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -41,7 +38,7 @@ class LinearMethod:
         self.runs: list[torch.device] = []
 
     def create_weights(
-        self, layer: LinearBase, *, input_size: int, output_size: int, params_dtype: torch.dtype
+        self, layer: nn.Module, *, input_size: int, output_size: int, params_dtype: torch.dtype
     ) -> None:
         weight = nn.Parameter(
             torch.empty(output_size, input_size, dtype=params_dtype), requires_grad=False
@@ -51,13 +48,13 @@ class LinearMethod:
             weight, {"input_dim": 1, "output_dim": 0, "weight_loader": layer.weight_loader}
         )
 
-    def process_weights_after_loading(self, layer: LinearBase) -> None:
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
         return None
 
-    def dequantized_weight(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        return layer.weight.to(dtype)
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        return layer.get_parameter("weight").to(dtype)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
 
@@ -76,8 +73,8 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class OnlineFp8LinearMethod(LinearMethod):
     """Online FP8: loads full-precision weights, quantizes them on the device after loading."""
 
-    def process_weights_after_loading(self, layer: LinearBase) -> None:
-        weight = layer.weight.detach()
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.get_parameter("weight").detach()
         self.runs.append(weight.device)
         if not bool(torch.isfinite(weight).all()):
             raise ValueError(
@@ -88,17 +85,19 @@ class OnlineFp8LinearMethod(LinearMethod):
         layer.weight = nn.Parameter(quantized, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
 
-    def dequantized_weight(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        if layer.weight.dtype != FP8:
-            return layer.weight.to(dtype)
-        return (layer.weight.float() * layer.weight_scale).to(dtype)
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        if layer.get_parameter("weight").dtype != FP8:
+            return layer.get_parameter("weight").to(dtype)
+        return (layer.get_parameter("weight").float() * layer.get_parameter("weight_scale")).to(
+            dtype
+        )
 
 
 class SerializedFp8LinearMethod(OnlineFp8LinearMethod):
     """A checkpoint already in FP8 (weight + per-tensor `weight_scale`): nothing to process."""
 
     def create_weights(
-        self, layer: LinearBase, *, input_size: int, output_size: int, params_dtype: torch.dtype
+        self, layer: nn.Module, *, input_size: int, output_size: int, params_dtype: torch.dtype
     ) -> None:
         super().create_weights(
             layer, input_size=input_size, output_size=output_size, params_dtype=FP8
@@ -107,7 +106,7 @@ class SerializedFp8LinearMethod(OnlineFp8LinearMethod):
         layer.register_parameter("weight_scale", scale)
         set_weight_attrs(scale, {"weight_loader": layer.weight_loader})
 
-    def process_weights_after_loading(self, layer: LinearBase) -> None:
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
         return None
 
 
@@ -145,7 +144,7 @@ class OnlineMxfp4LinearMethod(LinearMethod):
         self.block = block
 
     def create_weights(
-        self, layer: LinearBase, *, input_size: int, output_size: int, params_dtype: torch.dtype
+        self, layer: nn.Module, *, input_size: int, output_size: int, params_dtype: torch.dtype
     ) -> None:
         if input_size % self.block:
             raise ValueError(
@@ -155,17 +154,19 @@ class OnlineMxfp4LinearMethod(LinearMethod):
             layer, input_size=input_size, output_size=output_size, params_dtype=params_dtype
         )
 
-    def process_weights_after_loading(self, layer: LinearBase) -> None:
-        weight = layer.weight.detach()
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.get_parameter("weight").detach()
         self.runs.append(weight.device)
         packed, scales = quantize_mxfp4(weight, self.block)
         layer.weight = nn.Parameter(packed, requires_grad=False)
         layer.weight_scale = nn.Parameter(scales, requires_grad=False)
 
-    def dequantized_weight(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        if layer.weight.dtype != torch.uint8:
-            return layer.weight.to(dtype)
-        return dequantize_mxfp4(layer.weight, layer.weight_scale, self.block).to(dtype)
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        if layer.get_parameter("weight").dtype != torch.uint8:
+            return layer.get_parameter("weight").to(dtype)
+        return dequantize_mxfp4(
+            layer.get_parameter("weight"), layer.get_parameter("weight_scale"), self.block
+        ).to(dtype)
 
 
 def quant_method_factory(quantization: QuantizationSpec | None) -> Callable[[], LinearMethod]:

@@ -1,7 +1,7 @@
 """VAE checkpoint writers: single file, sharded with an index, and one defect each.
 
-The writers produce real safetensors files through `fakes.checkpoints.write_checkpoint`. What a
-loader read from them is judged from outside (`fakes.evidence.DataReads`), never by spying on a
+The writers produce real safetensors files through `fakes/checkpoints.py: write_checkpoint`. What a
+loader read from them is judged from outside (`fakes/evidence.py: DataReads`), never by spying on a
 loader's reader.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fakes.checkpoints import INDEX_NAME, write_checkpoint
+from reference.kit.fakes.checkpoints import INDEX_NAME, write_checkpoint
 
 DEFECTS = ("duplicate", "unknown", "missing", "wrong_shape", "dtype")
 UNKNOWN_NAME = "decoder.ghost.weight"

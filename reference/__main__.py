@@ -32,28 +32,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         help="write the demo's pipelines into DIR and keep them (default: a temporary folder)",
     )
-    sub.add_parser("load", help="load a pipeline folder: python -m reference load DIR [flags]")
-    sub.add_parser("bench", help="peak memory and time of every loading path (bench --help)")
+    # These three parse their own arguments (load's flags, bench's, pytest's): argparse hands
+    # them everything after the command word, --help included.
+    passed_on = {
+        "load": "load a pipeline folder: python -m reference load DIR [flags]",
+        "bench": "peak memory and time of every loading path (bench --help)",
+        "conform": "run the installed contract tests: conform --loader=SPEC [pytest args] (-h)",
+    }
+    for name, what in passed_on.items():
+        sub.add_parser(name, help=what, add_help=False, prefix_chars="\0")
     sub.add_parser("rules", help="print the rule catalogue")
-    sub.add_parser(
-        "conform",
-        help="run the installed contract tests: conform --loader=SPEC [pytest args] (conform -h)",
-    )
     merge = sub.add_parser("report", help="merge conformance reports into one Markdown matrix")
     merge.add_argument("reports", nargs="+", metavar="REPORT.json")
     merge.add_argument("--out", metavar="FILE", help="write the matrix to FILE, not stdout")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["load"]:
-        return load_command(argv[1:])  # its flags are parsed by reference.args
-    if argv[:1] == ["conform"]:
+    args, rest = parser.parse_known_args(argv)
+    if args.command not in passed_on and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "load":
+        return load_command(rest)
+    if args.command == "conform":
         from reference.kit.conform import conform_command
 
-        return conform_command(argv[1:])  # its arguments are pytest's
-    if argv[:1] == ["bench"]:
+        return conform_command(rest)
+    if args.command == "bench":
         from reference.bench.command import bench_command
 
-        return bench_command(argv[1:])
-    args = parser.parse_args(argv)
+        return bench_command(rest)
     if args.command == "report":
         return report_command(args.reports, out=args.out)
     if args.command == "demo":

@@ -12,15 +12,32 @@ carries the first failing condition, which the load report keeps as the reason o
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import MethodType
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from reference.errors import StateMismatchError
+from reference.modules import Slot, find_slots
 from reference.report import TensorRecord
+
+__all__ = [
+    "ADOPT",
+    "ADOPTION_DISABLED",
+    "BUFFER_COPIED",
+    "REFERENCE_ADOPT_STEPS",
+    "AdoptSteps",
+    "AdoptedBytes",
+    "LinearKinds",
+    "Verdict",
+    "copy_to_fresh",
+    "load_full_state",
+    "same_device",
+    "zero_copy_verdict",
+]
 
 CPU = torch.device("cpu")
 # Parameters carrying one of these flags need more than a copy (ZC-7).
@@ -166,45 +183,6 @@ def zero_copy_verdict(
     return ADOPT if reason is None else Verdict(False, reason)
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One assignable entry of a module: a parameter or a persistent buffer, under all its names."""
-
-    name: str
-    tensor: torch.Tensor
-    places: tuple[tuple[nn.Module, str], ...]
-    is_parameter: bool
-
-
-def find_slots(module: nn.Module) -> tuple[dict[str, Slot], dict[str, str]]:
-    """The module's slots by first name, and each tied alias name mapped to that first name."""
-    found: dict[int, tuple[str, torch.Tensor, list[tuple[nn.Module, str]], bool]] = {}
-    aliases: dict[str, str] = {}
-    for prefix, owner in module.named_modules(remove_duplicate=False):
-        entries: list[tuple[str, torch.Tensor | None, bool]] = [
-            (leaf, p, True) for leaf, p in owner._parameters.items()
-        ]
-        entries += [
-            (leaf, b, False)
-            for leaf, b in owner._buffers.items()
-            if leaf not in owner._non_persistent_buffers_set
-        ]
-        for leaf, tensor, is_parameter in entries:
-            if tensor is None:
-                continue
-            name = f"{prefix}.{leaf}" if prefix else leaf
-            entry = found.setdefault(id(tensor), (name, tensor, [], is_parameter))
-            if all(o is not owner or n != leaf for o, n in entry[2]):
-                entry[2].append((owner, leaf))
-            if entry[0] != name:
-                aliases[name] = entry[0]
-    slots = {
-        name: Slot(name, tensor, tuple(places), is_parameter)
-        for name, tensor, places, is_parameter in found.values()
-    }
-    return slots, aliases
-
-
 class AdoptedBytes:
     """The byte ranges adopted so far, per memory space, to refuse adopting bytes twice (ZC-12).
 
@@ -247,7 +225,13 @@ def _like(param: torch.Tensor, data: torch.Tensor, requires_grad: bool) -> torch
     return new
 
 
-def _copy(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor:
+def copy_to_fresh(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor:
+    """The copy path: a fresh tensor on `load_device` for `slot`, filled by the layer's own
+    `weight_loader` (which shards for TP>1) or, without one, converted once (ZC-10, ZC-11).
+
+    Raises:
+        StateMismatchError: a wrong shape, or a failure inside the weight_loader.
+    """
     target = slot.tensor
     # Same tensor as empty_like; but empty_like of a meta tensor onto another device runs a
     # Python reference that imports sympy (about a second and 30 MiB, once per process).
@@ -283,6 +267,35 @@ def _copy(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.
     return temp
 
 
+CopyStep = Callable[[Slot, torch.Tensor, torch.device], torch.Tensor]
+
+
+class VerdictStep(Protocol):
+    def __call__(
+        self,
+        param: torch.Tensor,
+        checkpoint_tensor: torch.Tensor,
+        target: torch.Tensor,
+        *,
+        kinds: LinearKinds,
+        direct_device: torch.device | None = None,
+    ) -> Verdict: ...
+
+
+@dataclass(frozen=True)
+class AdoptSteps:
+    """The steps of `load_full_state` a caller may replace, each with the reference's default:
+    the zero-copy predicate, the copy path, and the ledger of adopted bytes (ZC-12). A loader
+    that differs in one step passes its own (the conformance kit's broken loaders do)."""
+
+    verdict: VerdictStep = zero_copy_verdict
+    copy: CopyStep = copy_to_fresh
+    ledger: Callable[[], AdoptedBytes] = AdoptedBytes
+
+
+REFERENCE_ADOPT_STEPS = AdoptSteps()
+
+
 @torch.no_grad()
 def load_full_state(
     module: nn.Module,
@@ -292,6 +305,7 @@ def load_full_state(
     kinds: LinearKinds,
     direct: bool = False,
     adopt: bool = True,
+    steps: AdoptSteps = REFERENCE_ADOPT_STEPS,
 ) -> tuple[TensorRecord, ...]:
     """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
 
@@ -301,7 +315,8 @@ def load_full_state(
     adopted is refused (ZC-12). Slots are assigned only once every tensor loaded, so a failure
     leaves `module` untouched. Tied parameters stay tied; their alias names are skipped.
     With `adopt=False` every tensor takes the copy path (the record's reason says so); that is
-    the benchmark's copy path, not a contract mode.
+    the benchmark's copy path, not a contract mode. `steps` replaces the predicate, the copy
+    path or the ledger (see `AdoptSteps`).
 
     Returns:
         One record per loaded slot, in load order.
@@ -310,11 +325,12 @@ def load_full_state(
         StateMismatchError: for an unknown, repeated or missing name, a wrong shape, or an
             assertion inside a weight_loader (naming the parameter, the three shapes and class).
     """
-    slots, aliases = find_slots(module)
+    found = find_slots(module)
+    slots, aliases = found.by_name, found.aliases
     direct_device = load_device if direct else None
     loaded: dict[str, torch.Tensor] = {}
     records: list[TensorRecord] = []
-    adopted = AdoptedBytes()
+    adopted = steps.ledger()
     for name, read in tensors:
         if name in aliases:
             continue
@@ -332,7 +348,7 @@ def load_full_state(
         elif not slot.is_parameter:
             verdict = Verdict(False, BUFFER_COPIED)
         else:
-            verdict = zero_copy_verdict(
+            verdict = steps.verdict(
                 slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
             )
         if verdict.adopt:
@@ -343,7 +359,7 @@ def load_full_state(
             new = _like(slot.tensor, tensor, False)
             adopted.add(name, tensor)
         else:
-            new = _copy(slot, tensor, load_device)
+            new = steps.copy(slot, tensor, load_device)
         loaded[name] = new
         records.append(
             TensorRecord(name, "adopted" if verdict.adopt else "copied", new.nbytes, verdict.reason)

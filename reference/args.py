@@ -1,32 +1,22 @@
 """Server arguments: the loading options as one frozen value, and their command line (ARGS, DG-1).
 
-Command line (argparse conventions; every flag also accepts underscores for its dashes):
-
-    --device DEVICE                          runtime device (default: cuda:0 when the platform
-                                             reports CUDA, else cpu)
-    --dit-cpu-offload [true|false]           the DiT starts on CPU
-    --dit-layerwise-offload [true|false]     the DiT streams its layers from CPU
-    --component-cpu-offload.<component>[=true|false]
-    --fsdp-inference [true|false]            shard the DiT with FSDP
-    --tp-size N                              tensor-parallel size of the DiT
-    --quantization METHOD                    quantize the DiT (fp8, mxfp4, ...)
-    --quantization-serialized [true|false]   the DiT checkpoint is already stored quantized
-    --direct-gpu-weight-loading [true|false] direct-GPU loading of every DiT component
-    --component-direct-gpu-weight-loading.<component>[=true|false]
-
-A boolean flag alone means true; its value is given as `=VALUE` or as the next token when that
-token is not an option, and must be `true` or `false` in any case. Component names normalise `-`
-to `_`. Everything else passes through untouched and in order, as does everything after `--`.
+Every loading flag is declared once, in `FLAGS` (what `python -m reference load --help` lists);
+the parser is built from it. argparse conventions hold, and every flag also accepts underscores
+for its dashes. A boolean flag alone means true; its value is given as `=VALUE` or as the next
+token when that token is not an option, and must be `true` or `false` in any case. Component
+names normalise `-` to `_`. Everything else passes through untouched and in order, as does
+everything after `--`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 import torch
 
@@ -34,6 +24,18 @@ from reference.errors import ArgumentError
 from reference.pipeline import is_transformer_component
 from reference.platform import Platform, default_runtime_device
 from reference.quantization import QuantizationSpec
+
+__all__ = [
+    "FLAGS",
+    "Flag",
+    "Parser",
+    "ServerArgs",
+    "ServerArgsLike",
+    "known_flags",
+    "own_server_args",
+    "parse_args",
+    "parse_bool",
+]
 
 DIRECT_FLAG = "--direct-gpu-weight-loading"
 COMPONENT_DIRECT_FLAG = "--component-direct-gpu-weight-loading"
@@ -45,11 +47,72 @@ TP_FLAG = "--tp-size"
 QUANTIZATION_FLAG = "--quantization"
 DEVICE_FLAG = "--device"
 
+SERIALIZED_FLAG = "--quantization-serialized"
+PROG = "python -m reference load"
+FlagKind = Literal["device", "bool", "component", "count", "method"]
+_METAVARS: Mapping[FlagKind, str] = MappingProxyType(
+    {
+        "device": " DEVICE",
+        "bool": " [true|false]",
+        "component": ".COMPONENT[=true|false]",
+        "count": " N",
+        "method": " METHOD",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One loading flag: its name, how its value is written, what it does.
+
+    Attributes:
+        name: as users write it (dashes; underscores are accepted too).
+        kind: its value: a device, true/false, a per-component `.COMPONENT[=true|false]`, a
+            count, or a method name.
+        help: one line for `load --help`.
+        field: the ServerArgs field a per-component flag fills (None for the others).
+    """
+
+    name: str
+    kind: FlagKind
+    help: str
+    field: str | None = None
+
+    @property
+    def usage(self) -> str:
+        return self.name + _METAVARS[self.kind]
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        DEVICE_FLAG,
+        "device",
+        "runtime device: cpu, cuda or cuda:N (default: cuda:0 if present, else cpu)",
+    ),
+    Flag(DIT_OFFLOAD_FLAG, "bool", "CPU-offload every DiT component (zero-copy adoption)"),
+    Flag(LAYERWISE_FLAG, "bool", "layerwise offload of the DiT"),
+    Flag(
+        COMPONENT_OFFLOAD_FLAG,
+        "component",
+        "CPU-offload one component (vae, text_encoder, ...)",
+        field="component_cpu_offload",
+    ),
+    Flag(DIRECT_FLAG, "bool", "load every DiT component straight onto the GPU (CUDA only)"),
+    Flag(
+        COMPONENT_DIRECT_FLAG,
+        "component",
+        "load one component straight onto the GPU: vae, video_vae (CUDA only)",
+        field="component_direct_gpu_weight_loading",
+    ),
+    Flag(FSDP_FLAG, "bool", "FSDP inference (the DiT is sharded by FSDP)"),
+    Flag(TP_FLAG, "count", "tensor-parallel size (default 1)"),
+    Flag(QUANTIZATION_FLAG, "method", "quantize the DiT online, e.g. fp8 (classes built for it)"),
+    Flag(SERIALIZED_FLAG, "bool", "the checkpoint is already stored in that format"),
+)
+"""Every loading flag, once: the parser below and `load --help` are built from it."""
+
 # Per-component flags: `<prefix>.<component>`, and the ServerArgs field each one fills.
-COMPONENT_FLAGS = {
-    COMPONENT_DIRECT_FLAG: "component_direct_gpu_weight_loading",
-    COMPONENT_OFFLOAD_FLAG: "component_cpu_offload",
-}
+COMPONENT_FLAGS = {flag.name: flag.field for flag in FLAGS if flag.field is not None}
 _FLAG_OF_FIELD = {value: key for key, value in COMPONENT_FLAGS.items()}
 _BOOL_WORDS = {"true": True, "false": False}
 
@@ -218,10 +281,13 @@ def own_server_args(args: ServerArgsLike) -> ServerArgs:
     """`args` as the reference's ServerArgs.
 
     Raises:
-        TypeError: for server arguments built by another loader.
+        ArgumentError: for server arguments built by another loader.
     """
     if not isinstance(args, ServerArgs):
-        raise TypeError(f"expected reference.args.ServerArgs, got {type(args).__name__}")
+        raise ArgumentError(
+            f"expected reference.args.ServerArgs, got {type(args).__name__}; build one with"
+            " reference.parse_args or ServerArgs(...)"
+        )
     return args
 
 
@@ -243,13 +309,43 @@ def parse_bool(flag: str, value: str) -> bool:
     return parsed
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ArgumentError instead of printing usage and exiting."""
+def did_you_mean(token: str, known: Sequence[str]) -> str | None:
+    """The known flag nearest to a misspelled `token` (`--dit-cpu-ofload`), or None.
+
+    A per-component flag is matched by its prefix and keeps its component
+    (`--component-cpu-ofload.vae` -> `--component-cpu-offload.vae`).
+    """
+    key = token.split("=", 1)[0]
+    prefix, dot, component = key.partition(".")
+    candidates = [flag for flag in known if ("." in flag) == bool(dot)]
+    match = difflib.get_close_matches(prefix + dot, candidates, n=1, cutoff=0.75)
+    if not match:
+        return None
+    return match[0] + component if dot else match[0]
+
+
+class Parser(argparse.ArgumentParser):
+    """The one parser class of the command line: a usage error raises ArgumentError (one line,
+    like every other refusal) instead of printing usage and exiting, and an unknown flag is
+    answered with the nearest known one."""
 
     def error(self, message: str) -> NoReturn:
-        _, sep, tail = message.partition(": ")
-        # Our own type errors already start with the flag; drop argparse's "argument X: " prefix.
-        raise ArgumentError(tail if sep and tail.startswith("--") else message)
+        _, sep, unknown = message.partition("unrecognized arguments: ")
+        if not sep:
+            _, sep, tail = message.partition(": ")
+            # Our own type errors start with the flag: drop argparse's "argument X: " prefix.
+            if sep and tail.startswith("--"):
+                raise ArgumentError(tail)
+        else:
+            known = [*known_flags(), *self._option_string_actions]
+            hints = [
+                f"{token}: did you mean {near}?"
+                for token in unknown.split()
+                if token.startswith("--") and (near := did_you_mean(token, known)) is not None
+            ]
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        raise ArgumentError(f"{message}; see {self.prog} --help")
 
 
 def _bool_type(flag: str) -> Any:
@@ -277,21 +373,21 @@ def _tp_size(value: str) -> int:
     return int(value)
 
 
-def _parser() -> _Parser:
-    parser = _Parser(add_help=False, allow_abbrev=False)
-
-    def boolean(flag: str) -> None:
-        underscored = "--" + flag[2:].replace("-", "_")
-        parser.add_argument(
-            flag, underscored, nargs="?", const=True, default=False, type=_bool_type(flag)
-        )
-
-    for flag in (DIT_OFFLOAD_FLAG, LAYERWISE_FLAG, FSDP_FLAG, DIRECT_FLAG):
-        boolean(flag)
-    boolean("--quantization-serialized")
-    parser.add_argument(DEVICE_FLAG, type=_device, default=None)
-    parser.add_argument(TP_FLAG, "--tp_size", type=_tp_size, default=1)
-    parser.add_argument(QUANTIZATION_FLAG, default=None)
+def _parser() -> Parser:
+    """The loading flags of `FLAGS` (per-component ones aside: argparse has no `--flag.NAME`
+    form, so `extract_component_flags` takes those out first)."""
+    parser = Parser(prog=PROG, add_help=False, allow_abbrev=False)
+    for flag in FLAGS:
+        names = (flag.name, "--" + flag.name[2:].replace("-", "_"))
+        if flag.kind == "bool":
+            convert = _bool_type(flag.name)
+            parser.add_argument(*names, nargs="?", const=True, default=False, type=convert)
+        elif flag.kind == "device":
+            parser.add_argument(*names, type=_device, default=None)
+        elif flag.kind == "count":
+            parser.add_argument(*names, type=_tp_size, default=1)
+        elif flag.kind == "method":
+            parser.add_argument(*names, default=None)
     return parser
 
 
@@ -393,7 +489,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
         )
     elif namespace.quantization_serialized:
         raise ArgumentError(
-            f"--quantization-serialized needs {QUANTIZATION_FLAG} METHOD; add it or drop the flag"
+            f"{SERIALIZED_FLAG} needs {QUANTIZATION_FLAG} METHOD; add it or drop the flag"
         )
     args = ServerArgs(
         runtime_device=namespace.device,

@@ -1,7 +1,8 @@
 """`python -m reference load PIPELINE_DIR [flags]`: admit, load every component, print a table.
 
-Exit codes: 0 loaded; 2 refused or failed: one line `error: ...` on stderr naming the flag,
-component, tensor or file, and what to do; never a traceback, whatever failed.
+Exit codes: 0 loaded; 2 refused (any `LoadError`, a failure inside a component's load included):
+one line `error: ...` on stderr naming the flag, component, tensor or file, and what to do;
+3 an internal error (a bug, not a refusal): one line saying so, and the traceback with `--debug`.
 
 Model classes: a component whose model_index.json entry names the `diffusers` library is built
 from diffusers' own class; any other class must be registered by a module that `--models MODULE`
@@ -11,29 +12,22 @@ imports (none by default).
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from reference.args import (
-    COMPONENT_DIRECT_FLAG,
-    COMPONENT_OFFLOAD_FLAG,
-    DEVICE_FLAG,
-    DIRECT_FLAG,
-    DIT_OFFLOAD_FLAG,
-    FSDP_FLAG,
-    LAYERWISE_FLAG,
-    QUANTIZATION_FLAG,
-    TP_FLAG,
+    FLAGS,
+    PROG,
+    Parser,
     ServerArgs,
-    known_flags,
     parse_args,
 )
 from reference.checkpoint import reading_progress
@@ -41,36 +35,11 @@ from reference.errors import ArgumentError, LoadError
 from reference.extras import install_hint
 from reference.load import iter_load, not_loaded
 from reference.loaders import LoadedComponent
-from reference.memory import PeakSampler
+from reference.memory import STATUS, PeakSampler, can_measure
 from reference.pipeline import MODELS, ModelRegistry, read_pipeline
 from reference.platform import SYSTEM, Platform
 
 MIB = 1024 * 1024
-LOADING_FLAGS: tuple[tuple[str, str], ...] = (
-    (
-        f"{DEVICE_FLAG} DEVICE",
-        "runtime device: cpu, cuda or cuda:N (default: cuda:0 if present, else cpu)",
-    ),
-    (f"{DIT_OFFLOAD_FLAG} [true|false]", "CPU-offload every DiT component (zero-copy adoption)"),
-    (f"{LAYERWISE_FLAG} [true|false]", "layerwise offload of the DiT"),
-    (
-        f"{COMPONENT_OFFLOAD_FLAG}.COMPONENT[=true|false]",
-        "CPU-offload one component (vae, text_encoder, ...)",
-    ),
-    (f"{DIRECT_FLAG} [true|false]", "load every DiT component straight onto the GPU (CUDA only)"),
-    (
-        f"{COMPONENT_DIRECT_FLAG}.COMPONENT[=true|false]",
-        "load one component straight onto the GPU: vae, video_vae (CUDA only)",
-    ),
-    (f"{FSDP_FLAG} [true|false]", "FSDP inference (the DiT is sharded by FSDP)"),
-    (f"{TP_FLAG} N", "tensor-parallel size (default 1)"),
-    (f"{QUANTIZATION_FLAG} METHOD", "quantize the DiT online, e.g. fp8 (classes built for it)"),
-    (
-        f"{QUANTIZATION_FLAG}-serialized [true|false]",
-        "the checkpoint is already stored in that format",
-    ),
-)
-"""Every loading flag reference.args parses, for `load --help`."""
 HEADER = (
     f"{'component':<14} {'load':<7} {'post':<7} {'defer':<5} {'direct':<6} {'adopted MiB':>11} "
     f"{'copied MiB':>10} {'streamed MiB':>12} {'time s':>7} {'peak anon MiB':>13}"
@@ -79,22 +48,23 @@ HEADER = (
 
 @dataclass(frozen=True)
 class Row:
-    """One component's line of the table."""
+    """One component's line of the table; `peak_anon_bytes` is None unless measured."""
 
     loaded: LoadedComponent
-    peak_anon_bytes: int
+    peak_anon_bytes: int | None
 
     def format(self) -> str:
         report = self.loaded.report
+        peak = "-" if self.peak_anon_bytes is None else f"{self.peak_anon_bytes / MIB:.1f}"
         plan = report.plan
         post = str(plan.weight_postprocess_device or "-")
         return (
             f"{report.component:<14} {plan.checkpoint_load_device!s:<7} {post:<7} "
             f"{'yes' if plan.defer_cpu_offload else 'no':<5} "
             f"{'yes' if plan.load_full_state_dict_on_device else 'no':<6} "
-            f"{report.adopted[1] / MIB:>11.1f} {report.copied[1] / MIB:>10.1f} "
-            f"{report.streamed[1] / MIB:>12.1f} {report.seconds:>7.2f} "
-            f"{self.peak_anon_bytes / MIB:>13.1f}"
+            f"{report.adopted.bytes / MIB:>11.1f} {report.copied.bytes / MIB:>10.1f} "
+            f"{report.streamed.bytes / MIB:>12.1f} {report.seconds:>7.2f} "
+            f"{peak:>13}"
         )
 
 
@@ -127,8 +97,11 @@ def load_with_table(
     *,
     registry: ModelRegistry = MODELS,
     platform: Platform = SYSTEM,
+    measure: bool = False,
 ) -> list[Row]:
-    """Load the pipeline, measuring each component's peak anonymous memory growth.
+    """Load the pipeline; with `measure`, sample each component's peak anonymous memory growth
+    (a thread reading /proc/self/status while the component loads: only when asked, since it
+    competes with the load it measures).
 
     Raises:
         LoadError: any refusal or failure (see reference.load.load_pipeline).
@@ -137,6 +110,12 @@ def load_with_table(
     components = iter_load(root, args, registry=registry, platform=platform)
     with progress_bar() as update, reading_progress(update):
         while True:
+            if not measure:
+                loaded = next(components, None)
+                if loaded is None:
+                    return rows
+                rows.append(Row(loaded, None))
+                continue
             with PeakSampler() as sampler:
                 loaded = next(components, None)
             if loaded is None:
@@ -144,46 +123,13 @@ def load_with_table(
             rows.append(Row(loaded, sampler.anon_growth))
 
 
-def did_you_mean(token: str, known: Sequence[str]) -> str | None:
-    """The known flag nearest to a misspelled `token` (`--dit-cpu-ofload`), or None.
-
-    A per-component flag is matched by its prefix and keeps its component
-    (`--component-cpu-ofload.vae` -> `--component-cpu-offload.vae`).
-    """
-    key = token.split("=", 1)[0]
-    prefix, dot, component = key.partition(".")
-    candidates = [flag for flag in known if ("." in flag) == bool(dot)]
-    match = difflib.get_close_matches(prefix + dot, candidates, n=1, cutoff=0.75)
-    if not match:
-        return None
-    return match[0] + component if dot else match[0]
-
-
-class _Parser(argparse.ArgumentParser):
-    """A parser whose usage errors are one `error:` line like every other refusal, and that
-    names the nearest flag for a misspelled one."""
-
-    def error(self, message: str) -> NoReturn:
-        _, sep, tail = message.partition("unrecognized arguments: ")
-        if sep:
-            known = [*known_flags(), *self._option_string_actions]
-            hints = [
-                f"{token}: did you mean {near}?"
-                for token in tail.split()
-                if token.startswith("--") and (near := did_you_mean(token, known)) is not None
-            ]
-            if hints:
-                message = f"{message} ({'; '.join(hints)})"
-        raise ArgumentError(f"{message}; see python -m reference load --help")
-
-
 def _parser() -> argparse.ArgumentParser:
     flags = "\n".join(
-        f"  {flag:<40} {what}" if len(flag) <= 40 else f"  {flag}\n  {'':<40} {what}"
-        for flag, what in LOADING_FLAGS
+        f"  {f.usage:<40} {f.help}" if len(f.usage) <= 40 else f"  {f.usage}\n  {'':<40} {f.help}"
+        for f in FLAGS
     )
-    parser = _Parser(
-        prog="python -m reference load",
+    parser = Parser(
+        prog=PROG,
         description="Load every component of a pipeline folder and print what each load did.",
         epilog=(
             f"loading options:\n{flags}\n\nA component whose model_index.json entry names the"
@@ -204,6 +150,16 @@ def _parser() -> argparse.ArgumentParser:
         help="import MODULE first, so that it registers your model classes with"
         " reference.pipeline.MODELS.register (repeatable; default: none)",
     )
+    parser.add_argument(
+        MEASURE_FLAG,
+        action="store_true",
+        help="fill the peak anon MiB column: sample each load's anonymous memory (Linux only)",
+    )
+    parser.add_argument(
+        DEBUG_FLAG,
+        action="store_true",
+        help="on an internal error (exit 3, a bug rather than a refusal), print its traceback",
+    )
     return parser
 
 
@@ -223,12 +179,21 @@ def import_models(modules: Sequence[str]) -> None:
             ) from None
 
 
+EXIT_REFUSED = 2
+EXIT_INTERNAL = 3
+DEBUG_FLAG = "--debug"
+MEASURE_FLAG = "--measure"
+
+
 def one_line(exc: BaseException) -> str:
-    """The message of `exc` on one line; a failure no loader named says what it was."""
-    text = " ".join(str(exc).split())
-    if isinstance(exc, (LoadError, ValueError)):
+    """The message of `exc` on one line: a refusal's own words, or an internal error said so."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if isinstance(exc, LoadError):
         return text
-    return f"unexpected {type(exc).__name__} while loading: {text}"
+    return (
+        f"internal error: {type(exc).__name__}: {text}. This is a bug, not a refusal of the"
+        f" input; rerun with {DEBUG_FLAG} for the traceback and report it"
+    )
 
 
 def load_command(
@@ -246,14 +211,21 @@ def load_command(
         args, rest = parse_args(argv)
         options = _parser().parse_args(rest)
         import_models(options.models)
+        if options.measure and not can_measure():
+            raise ArgumentError(
+                f"{MEASURE_FLAG}: this system has no {STATUS} to sample memory from; drop the flag"
+            )
         pipeline = read_pipeline(options.pipeline)
-        rows = load_with_table(options.pipeline, args, platform=platform)
-    except Exception as exc:  # every failure is one line and exit 2, never a traceback
+        rows = load_with_table(options.pipeline, args, platform=platform, measure=options.measure)
+    except Exception as exc:  # every failure is one line; a traceback only when asked
         sys.stdout.flush()
         stream = errors or sys.stderr
+        internal = not isinstance(exc, LoadError)
+        if internal and DEBUG_FLAG in argv:
+            traceback.print_exception(exc, file=stream)
         print(f"error: {one_line(exc)}", file=stream)
         stream.flush()
-        return 2
+        return EXIT_INTERNAL if internal else EXIT_REFUSED
     try:
         print(HEADER)
         for row in rows:

@@ -30,7 +30,7 @@ from reference.platform import SYSTEM, Platform
 from reference.vae import load_vae
 
 # The demo's classes are fakes: the command imports the module that registers them.
-MODELS_FLAGS = ("--models", "fakes.pipelines")
+MODELS_FLAGS = ("--models", "reference.kit.fakes.pipelines", "--measure")
 MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ordinary load, every component resident", ()),
     ("DiT CPU offload: checkpoint tensors adopted without a copy", ("--dit-cpu-offload",)),
@@ -45,7 +45,7 @@ MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def stream_vae_on_cpu(root: Path) -> None:
     """The streaming path with a CPU target, as the library call (the flag needs CUDA)."""
-    from fakes.pipelines import PipelineVAE
+    from reference.kit.fakes.pipelines import PipelineVAE
 
     config = {"hidden": 32, "groups": 8}
     with PeakSampler() as sampler:
@@ -60,7 +60,7 @@ def stream_vae_on_cpu(root: Path) -> None:
 def warm_up(folder: Path, device: torch.device) -> None:
     """Load a tiny pipeline once, so torch's one-time initialisation (about a second and tens of
     MiB on first use) is not charged to the first mode's figures."""
-    from fakes.pipelines import SMALL_PIPELINE, write_pipeline
+    from reference.kit.fakes.pipelines import SMALL_PIPELINE, write_pipeline
 
     with PeakSampler() as sampler:
         load_pipeline(write_pipeline(folder, SMALL_PIPELINE), ServerArgs(runtime_device=device))
@@ -88,7 +88,7 @@ def demo(*, platform: Platform = SYSTEM, keep: Path | None = None) -> int:
         keep: write the pipelines into this folder and leave them there (else a temporary
             folder, removed at the end).
     """
-    from fakes.pipelines import demo_pipeline, write_pipeline
+    from reference.kit.fakes.pipelines import demo_pipeline, write_pipeline
 
     with demo_folder(keep) as folder:
         root = write_pipeline(folder / "pipeline", demo_pipeline())
@@ -133,10 +133,10 @@ def diffusers_pipeline(root: Path, *, platform: Platform) -> int:
     if missing:
         print(f"skipped: {' and '.join(missing)} not installed; {install_hint('diffusers')}")
         return 0
-    from fakes.diffusers_pipelines import WAN_PIPELINE, write_hub_pipeline
+    from reference.kit.fakes.diffusers_pipelines import WAN_PIPELINE, write_hub_pipeline
 
     quiet_hub_libraries()
     write_hub_pipeline(root, WAN_PIPELINE, sharded=True)
-    argv = [str(root), "--dit-cpu-offload"]
+    argv = [str(root), "--dit-cpu-offload", "--measure"]
     print(f"$ python -m reference load {shlex.join(argv)}")
     return int(load_command(argv, platform=platform, errors=sys.stdout) != 0)

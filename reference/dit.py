@@ -12,23 +12,37 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from reference.adopt import LinearKinds, find_slots, load_full_state
-from reference.checkpoint import TensorReader, open_checkpoint
+from reference.adopt import REFERENCE_ADOPT_STEPS, AdoptSteps, LinearKinds, load_full_state
+from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.errors import StateMismatchError
+from reference.modules import (
+    build_on_meta,
+    find_slots,
+    rebuild_non_persistent_buffers,
+    refuse_unrebuildable_buffers,
+)
 from reference.plan import WeightLoadPlan
 from reference.postload import effective_plan, offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
-from reference.vae import build_on_meta
-from reference.vae_postload import rebuild_non_persistent_buffers, refuse_unrebuildable_buffers
+
+__all__ = ["REFERENCE_DIT_STEPS", "DiTSteps", "build_dit", "check_names", "load_dit"]
 
 
-def _preflight(module: nn.Module, names: set[str], *, component: str) -> None:
-    slots, aliases = find_slots(module)
+def check_names(module: nn.Module, names: set[str], *, component: str) -> None:
+    """CKPT-3: the checkpoint's names are exactly the module's slots (aliases count), checked
+    from the headers before any tensor is read.
+
+    Raises:
+        StateMismatchError: listing the unknown and the missing names.
+    """
+    found = find_slots(module)
+    slots, aliases = found.by_name, found.aliases
     unknown = sorted(names - set(slots) - set(aliases))
     missing = sorted(set(slots) - names)
     if unknown or missing:
@@ -40,7 +54,7 @@ def _preflight(module: nn.Module, names: set[str], *, component: str) -> None:
 
 
 def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component: str) -> nn.Module:
-    """Construct the DiT as the VAE is constructed (reference.vae.build_on_meta): parameters and
+    """Construct the DiT as the VAE is constructed (reference.modules.build_on_meta): parameters and
     persistent buffers go to `meta` as they are registered, while non-persistent buffers
     (rotary tables, index ranges) are computed for real, on `device`. A buffer construction
     itself leaves on meta needs a `rebuild_buffers(device)` method on its submodule; without one
@@ -56,6 +70,22 @@ def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component
     return module
 
 
+@dataclass(frozen=True)
+class DiTSteps:
+    """The steps of `load_dit` a caller may replace, each with the reference's default: the
+    adoption steps, the tensor reader, the name check before reading, weight processing and the
+    deferred offload. A loader that differs in one step passes its own (`Platform`'s way)."""
+
+    adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
+    reader: Callable[[Checkpoint], TensorReader] = TensorReader
+    check_names: Callable[..., None] = check_names
+    process: Callable[..., int] = process_weights
+    offload: Callable[[nn.Module], None] = offload_to_cpu
+
+
+REFERENCE_DIT_STEPS = DiTSteps()
+
+
 def load_dit(
     build: Callable[[], nn.Module],
     checkpoint: str | os.PathLike[str],
@@ -66,6 +96,7 @@ def load_dit(
     fsdp: bool = False,
     component: str = "transformer",
     adopt: bool = True,
+    steps: DiTSteps = REFERENCE_DIT_STEPS,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a DiT component as `plan` says and report what happened to each tensor.
 
@@ -87,6 +118,7 @@ def load_dit(
         fsdp: FSDP inference is on (FSDP itself is not done here).
         component: the component's name, for messages and the report.
         adopt: False copies every tensor, eligible or not (the benchmark's copy path).
+        steps: the steps of the load (see `DiTSteps`); the reference's by default.
 
     Returns:
         The loaded module (in eval mode) and its load report.
@@ -101,8 +133,8 @@ def load_dit(
     opened = open_checkpoint(checkpoint)
     device = plan.checkpoint_load_device
     module = build_dit(build, device, component=component)
-    _preflight(module, set(opened.tensors), component=component)
-    reader = TensorReader(opened)
+    steps.check_names(module, set(opened.tensors), component=component)
+    reader = steps.reader(opened)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name in reader:
@@ -116,16 +148,17 @@ def load_dit(
             kinds=kinds,
             direct=plan.load_full_state_dict_on_device,
             adopt=adopt,
+            steps=steps.adopt,
         )
     finally:
         reader.close()
     events = ["load"]
     if device.type != "meta":
         rebuild_non_persistent_buffers(module, device=device, component=component)
-    if process_weights(module, quantization=quantization, kinds=kinds, component=component):
+    if steps.process(module, quantization=quantization, kinds=kinds, component=component):
         events.append("process")
     if plan.defer_cpu_offload:
-        offload_to_cpu(module)
+        steps.offload(module)
         events.append("offload")
     report = LoadReport(
         component=component,

@@ -7,12 +7,18 @@ missed, which is why the benchmark also reports the end-of-load figures.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
 
 STATUS = "/proc/self/status"
+
+
+def can_measure() -> bool:
+    """Whether this system reports resident memory the way `resident` reads it."""
+    return os.path.exists(STATUS)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from reference.errors import CheckpointError
+from reference.errors import ArgumentError, CheckpointError
 from reference.quantization import QuantizationSpec
 
 MODEL_INDEX = "model_index.json"
@@ -247,12 +247,12 @@ class ModelRegistry:
         Registering the same class again is a no-op.
 
         Raises:
-            ValueError: when the name is taken by another class.
+            ArgumentError: when the name is taken by another class.
         """
         key = name or cls.__name__
         known = self._classes.get(key)
         if known is not None and known is not cls:
-            raise ValueError(
+            raise ArgumentError(
                 f"model class name {key!r} is already registered for"
                 f" {known.__module__}.{known.__qualname__}; register {cls.__qualname__} under"
                 " another name"

@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from reference.errors import ArgumentError
+
 
 @runtime_checkable
 class Platform(Protocol):
@@ -26,7 +28,7 @@ class Platform(Protocol):
         ...
 
     def free_device_memory(self, device: torch.device) -> int:
-        """Free bytes on `device` right now. Raises ValueError for a non-CUDA device."""
+        """Free bytes on `device` right now. Raises ArgumentError for a non-CUDA device."""
         ...
 
 
@@ -42,7 +44,9 @@ class SystemPlatform:
 
     def free_device_memory(self, device: torch.device) -> int:
         if device.type != "cuda":
-            raise ValueError(f"free_device_memory needs a cuda device, got {device}")
+            raise ArgumentError(
+                f"free_device_memory needs a cuda device, got {device}; ask it of a cuda device"
+            )
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
 

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference.errors import ArgumentError
+
+__all__ = [
+    "CPU_LOAD_METHODS",
+    "ONLINE_DEVICE_METHODS",
+    "QuantizationSpec",
+    "requires_device_weight_processing",
+]
+
 # Methods whose *online* form (checkpoint not yet in that format) rewrites weights after loading,
 # with kernels that need the weights on the runtime device.
 ONLINE_DEVICE_METHODS = frozenset({"fp8", "mxfp4"})
@@ -33,9 +42,11 @@ class QuantizationSpec:
 
     def __post_init__(self) -> None:
         if not self.method:
-            raise ValueError("QuantizationSpec.method must be a non-empty method name, e.g. 'fp8'")
+            raise ArgumentError(
+                "QuantizationSpec.method must be a non-empty method name, e.g. 'fp8'"
+            )
         if self.cpu_load_supported is not None and type(self.cpu_load_supported) is not bool:
-            raise ValueError(
+            raise ArgumentError(
                 "QuantizationSpec.cpu_load_supported must be True, False or None (the method's"
                 f" default), got {self.cpu_load_supported!r}"
             )

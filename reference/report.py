@@ -7,7 +7,7 @@ asserts on it. Nothing here is a log line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from reference.plan import WeightLoadPlan
 
@@ -15,6 +15,8 @@ from reference.plan import WeightLoadPlan
 # copied: a fresh tensor was filled by the layer's weight_loader (or a plain copy)
 # streamed: read on its own and assigned into its slot (direct VAE loading)
 How = Literal["adopted", "copied", "streamed"]
+
+__all__ = ["How", "LoadReport", "Tally", "TensorRecord"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,13 @@ class TensorRecord:
     reason: str | None = None
 
 
+class Tally(NamedTuple):
+    """How many tensors took one way, and their bytes."""
+
+    tensors: int
+    bytes: int
+
+
 @dataclass(frozen=True)
 class LoadReport:
     """Per-component summary of one load."""
@@ -44,23 +53,23 @@ class LoadReport:
     seconds: float = 0.0
     events: tuple[str, ...] = field(default=())
 
-    def _count(self, how: How) -> tuple[int, int]:
+    def _count(self, how: How) -> Tally:
         chosen = [r for r in self.records if r.how == how]
-        return len(chosen), sum(r.nbytes for r in chosen)
+        return Tally(len(chosen), sum(r.nbytes for r in chosen))
 
     @property
-    def adopted(self) -> tuple[int, int]:
-        """(tensors, bytes) adopted without a copy."""
+    def adopted(self) -> Tally:
+        """Tensors and bytes adopted without a copy."""
         return self._count("adopted")
 
     @property
-    def copied(self) -> tuple[int, int]:
-        """(tensors, bytes) copied."""
+    def copied(self) -> Tally:
+        """Tensors and bytes copied."""
         return self._count("copied")
 
     @property
-    def streamed(self) -> tuple[int, int]:
-        """(tensors, bytes) streamed into slots."""
+    def streamed(self) -> Tally:
+        """Tensors and bytes streamed into slots."""
         return self._count("streamed")
 
     @property

@@ -22,43 +22,35 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from reference.errors import StateDictABIError
+from reference.modules import Entry, Slot, state_entries
+
+__all__ = [
+    "ABI_FUNCTIONS",
+    "HOOK_TABLES",
+    "REFERENCE_SLOT_CHECKS",
+    "SlotChecks",
+    "check_keys_are_slots",
+    "check_settled",
+    "check_state_dict_abi",
+    "is_torch_code",
+    "refuse_tied",
+    "state_slots",
+]
 
 ABI_FUNCTIONS = ("state_dict", "_save_to_state_dict", "_load_from_state_dict", "load_state_dict")
-HOOK_TABLES = {
-    "_state_dict_pre_hooks": "state_dict pre-hook",
-    "_state_dict_hooks": "state_dict hook",
-    "_load_state_dict_pre_hooks": "load_state_dict pre-hook",
-    "_load_state_dict_post_hooks": "load_state_dict post-hook",
-}
-
-
-@dataclass(frozen=True, eq=False)
-class Slot:
-    """One assignable entry of a module's state: a parameter or a persistent buffer.
-
-    Attributes:
-        name: the state-dict key (`decoder.conv_in.weight`).
-        owner: the submodule that holds it.
-        attr: its name inside `owner` (`weight`).
-        is_parameter: a parameter (else a persistent buffer).
-        shape, dtype: as built (on meta they are known without any data).
-        requires_grad: the parameter's flag as built (False for buffers).
-    """
-
-    name: str
-    owner: nn.Module
-    attr: str
-    is_parameter: bool
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    requires_grad: bool
+HOOK_TABLES = (
+    ("_state_dict_pre_hooks", "state_dict pre-hook"),
+    ("_state_dict_hooks", "state_dict hook"),
+    ("_load_state_dict_pre_hooks", "load_state_dict pre-hook"),
+    ("_load_state_dict_post_hooks", "load_state_dict post-hook"),
+)
 
 
 def _where(path: str) -> str:
@@ -79,14 +71,21 @@ def is_torch_code(obj: object) -> bool:
     return origin == "torch" or origin.startswith("torch.")
 
 
-def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
-    """VAE-2, VAE-3: every submodule uses torch's own state-dict functions and hooks.
+def check_state_dict_abi(
+    module: nn.Module,
+    *,
+    component: str,
+    functions: tuple[str, ...] = ABI_FUNCTIONS,
+    hook_tables: tuple[tuple[str, str], ...] = HOOK_TABLES,
+) -> None:
+    """VAE-2, VAE-3: every submodule uses torch's own state-dict `functions` and no hook from
+    user code sits in any of the `hook_tables` (attribute, what the message calls it).
 
     Raises:
         StateDictABIError: naming the submodule, the function or hook, and where it comes from.
     """
     for path, sub in module.named_modules(remove_duplicate=False):
-        for name in ABI_FUNCTIONS:
+        for name in functions:
             if name in vars(sub):
                 raise StateDictABIError(
                     f"{component}: {_where(path)} replaces {name} on the instance; direct"
@@ -104,7 +103,7 @@ def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
                         " writes slots directly and would skip that code. Remove the override"
                         f" or load {component} without direct loading"
                     )
-        for table, kind in HOOK_TABLES.items():
+        for table, kind in hook_tables:
             for hook in getattr(sub, table).values():
                 if not is_torch_code(hook):
                     hook_name = getattr(inspect.unwrap(hook), "__qualname__", repr(hook))
@@ -113,23 +112,6 @@ def check_state_dict_abi(module: nn.Module, *, component: str) -> None:
                         " streaming writes slots directly and would skip it. Remove the hook or"
                         f" load {component} without direct loading"
                     )
-
-
-def named_state(module: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tensor, bool]]:
-    """Every (key, owner, attr, tensor, is_parameter) of the parameters and persistent buffers.
-
-    Nothing is deduplicated: a submodule under two paths contributes its entries once per path.
-    """
-    entries = []
-    for path, sub in module.named_modules(remove_duplicate=False):
-        prefix = f"{path}." if path else ""
-        for attr, param in sub._parameters.items():
-            if param is not None:
-                entries.append((prefix + attr, sub, attr, param, True))
-        for attr, buf in sub._buffers.items():
-            if buf is not None and attr not in sub._non_persistent_buffers_set:
-                entries.append((prefix + attr, sub, attr, buf, False))
-    return entries
 
 
 def check_settled(key: str, tensor: torch.Tensor, *, is_parameter: bool, component: str) -> None:
@@ -154,15 +136,15 @@ def check_settled(key: str, tensor: torch.Tensor, *, is_parameter: bool, compone
         )
 
 
-def _refuse_tied(
-    module: nn.Module,
-    entries: list[tuple[str, nn.Module, str, torch.Tensor, bool]],
-    *,
-    component: str,
-) -> None:
+def refuse_tied(module: nn.Module, entries: Sequence[Entry], *, component: str) -> None:
+    """VAE-6: no tensor of `entries` is registered under two names.
+
+    Raises:
+        StateDictABIError: naming each group of tied names (and a submodule under two paths).
+    """
     names_by_tensor: dict[int, list[str]] = defaultdict(list)
-    for key, _, _, tensor, _ in entries:
-        names_by_tensor[id(tensor)].append(key)
+    for entry in entries:
+        names_by_tensor[id(entry.tensor)].append(entry.key)
     tied = [names for names in names_by_tensor.values() if len(names) > 1]
     if not tied:
         return
@@ -177,43 +159,6 @@ def _refuse_tied(
         " streaming fills each slot from its own checkpoint tensor; untie them or load"
         f" {component} without direct loading"
     )
-
-
-def state_slots(module: nn.Module, *, component: str) -> dict[str, Slot]:
-    """VAE-2..6: the slots of `module`, after proving it uses the standard state-dict ABI.
-
-    Slots are all parameters and persistent buffers; non-persistent buffers are not slots (they
-    are never saved, so a checkpoint cannot fill them).
-
-    Args:
-        module: typically built on `meta`; no tensor data is read.
-        component: named in error messages.
-
-    Returns:
-        Slots by state-dict key, in registration order.
-
-    Raises:
-        StateDictABIError: a user override or hook (VAE-2, VAE-3), a lazy or custom parameter
-            class, tied entries (VAE-6), or state-dict keys that differ from the slots (VAE-5).
-    """
-    check_state_dict_abi(module, component=component)
-    entries = named_state(module)
-    for key, _, _, tensor, is_parameter in entries:
-        check_settled(key, tensor, is_parameter=is_parameter, component=component)
-    _refuse_tied(module, entries, component=component)
-    slots: dict[str, Slot] = {}
-    for key, owner, attr, tensor, is_parameter in entries:
-        slots[key] = Slot(
-            key,
-            owner,
-            attr,
-            is_parameter,
-            tuple(tensor.shape),
-            tensor.dtype,
-            bool(tensor.requires_grad) if is_parameter else False,
-        )
-    check_keys_are_slots(module, slots, component=component)
-    return slots
 
 
 def check_keys_are_slots(module: nn.Module, slots: Mapping[str, Slot], *, component: str) -> None:
@@ -231,3 +176,55 @@ def check_keys_are_slots(module: nn.Module, slots: Mapping[str, Slot], *, compon
             f" state dict: {absent or 'none'}. Direct streaming can only fill slots; load"
             f" {component} without direct loading"
         )
+
+
+@dataclass(frozen=True)
+class SlotChecks:
+    """The checks of `state_slots`, each with the reference's default; a loader that checks
+    differently passes its own (the conformance kit's broken loaders do)."""
+
+    functions: tuple[str, ...] = ABI_FUNCTIONS
+    hook_tables: tuple[tuple[str, str], ...] = HOOK_TABLES
+    settled: Callable[..., None] = check_settled
+    untied: Callable[..., None] = refuse_tied
+    keys_are_slots: Callable[..., None] = check_keys_are_slots
+
+
+REFERENCE_SLOT_CHECKS = SlotChecks()
+
+
+def state_slots(
+    module: nn.Module, *, component: str, checks: SlotChecks = REFERENCE_SLOT_CHECKS
+) -> dict[str, Slot]:
+    """VAE-2..6: the slots of `module`, after proving it uses the standard state-dict ABI.
+
+    Slots are all parameters and persistent buffers; non-persistent buffers are not slots (they
+    are never saved, so a checkpoint cannot fill them).
+
+    Args:
+        module: typically built on `meta`; no tensor data is read.
+        component: named in error messages.
+        checks: the checks to run (see `SlotChecks`); the reference's by default.
+
+    Returns:
+        Slots by state-dict key, in registration order.
+
+    Raises:
+        StateDictABIError: a user override or hook (VAE-2, VAE-3), a lazy or custom parameter
+            class, tied entries (VAE-6), or state-dict keys that differ from the slots (VAE-5).
+    """
+    check_state_dict_abi(
+        module, component=component, functions=checks.functions, hook_tables=checks.hook_tables
+    )
+    entries = state_entries(module)
+    for entry in entries:
+        checks.settled(
+            entry.key, entry.tensor, is_parameter=entry.is_parameter, component=component
+        )
+    checks.untied(module, entries, component=component)
+    slots = {
+        entry.key: Slot(entry.key, entry.tensor, ((entry.owner, entry.attr),), entry.is_parameter)
+        for entry in entries
+    }
+    checks.keys_are_slots(module, slots, component=component)
+    return slots

@@ -12,7 +12,7 @@ dtype, once, while it is copied into the slot. The module decides dtypes; the fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +20,10 @@ from torch import nn
 
 from reference.checkpoint import Checkpoint, TensorReader
 from reference.errors import StateMismatchError
+from reference.modules import Slot
 from reference.report import TensorRecord
-from reference.slots import Slot
+
+__all__ = ["StreamPlan", "fill_slot", "grad_allowed", "preflight", "stream"]
 
 CPU = torch.device("cpu")
 FLOAT8 = frozenset(
@@ -129,6 +131,7 @@ def stream(
     plan: StreamPlan,
     *,
     device: torch.device,
+    fill: Callable[..., torch.Tensor] = fill_slot,
 ) -> tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]:
     """VAE-1, VAE-7, VAE-8: stream every tensor of a preflighted checkpoint into its slot.
 
@@ -141,6 +144,8 @@ def stream(
             read once (names are unique across shards) and every slot is filled.
         plan: from `preflight`.
         device: the target device.
+        fill: reads one tensor into its slot (`fill_slot`'s signature); the reference's by
+            default.
 
     Returns:
         One "streamed" record per tensor, and the tensor each slot now holds, by name.
@@ -148,7 +153,7 @@ def stream(
     filled: dict[str, torch.Tensor] = {}
     records = []
     for name in plan.names:
-        filled[name] = fill_slot(reader, slots[name], device=device)
+        filled[name] = fill(reader, slots[name], device=device)
         conversion = plan.conversions.get(name)
         reason = f"dtype {conversion[0]} converted to {conversion[1]}" if conversion else None
         records.append(TensorRecord(name, "streamed", filled[name].nbytes, reason))

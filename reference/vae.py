@@ -23,33 +23,40 @@ complete module or an exception, never a half-loaded module (CKPT-5).
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_parameter_registration_hook
-from torch.nn.parameter import is_lazy
-from torch.utils.hooks import RemovableHandle
 
-from reference.checkpoint import StreamingReader, open_checkpoint
+from reference.checkpoint import Checkpoint, StreamingReader, TensorReader, open_checkpoint
 from reference.errors import ComponentCheckpointUnsupportedError
+from reference.modules import (
+    build_on_meta,
+    rebuild_non_persistent_buffers,
+    refuse_unrebuildable_buffers,
+)
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
-from reference.report import LoadReport
-from reference.slots import state_slots
-from reference.stream import preflight, stream
+from reference.report import LoadReport, TensorRecord
+from reference.slots import REFERENCE_SLOT_CHECKS, SlotChecks, state_slots
+from reference.stream import StreamPlan, preflight, stream
 from reference.vae_postload import (
     apply_vae_policy,
     check_state_kept,
-    rebuild_non_persistent_buffers,
-    refuse_unrebuildable_buffers,
     require_decode_dtype_support,
 )
+
+__all__ = [
+    "QUANTIZATION_KEYS",
+    "REFERENCE_VAE_STEPS",
+    "VAESteps",
+    "load_vae",
+    "refuse_quantized_metadata",
+    "refuse_unsupported_config",
+]
 
 # Where a VAE's quantization shows up: its component config, or its checkpoint's __metadata__.
 QUANTIZATION_KEYS = ("quantization_config", "quant_method")
@@ -100,118 +107,23 @@ def refuse_quantized_metadata(
             )
 
 
-class _MetaState:
-    """Sends parameters and persistent buffers to `meta` as a module registers them.
+@dataclass(frozen=True)
+class VAESteps:
+    """The steps of `load_vae` a caller may replace, each with the reference's default, in the
+    order they run: build, buffer refusal, slot checks, preflight, reader, stream, buffer
+    rebuild, state check. A loader that differs in one step passes its own."""
 
-    Everything else that construction computes (non-persistent buffers: frequency tables,
-    wavelet filters, index ranges) runs as it always does, on the default device, so it holds
-    its real values (VAE-9). This is the way of accelerate's
-    `init_empty_weights(include_buffers=False)`, which diffusers' own low-memory load uses (so
-    every diffusers class builds under it), except that persistent buffers go to meta too: the
-    checkpoint fills them. One tensor registered under two names stays one tensor (ties are
-    kept for VAE-6).
-
-    Registration is intercepted through torch's global parameter-registration hook and a
-    wrapper of `nn.Module.register_buffer`; both act only in the thread (context) that is
-    building, and are removed when the last build ends.
-    """
-
-    active: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar(
-        "meta_state", default=None
-    )
-    lock = threading.Lock()
-    users = 0
-    hook: RemovableHandle | None = None
-    register_buffer = nn.Module.register_buffer
-
-    @classmethod
-    def to_meta(cls, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` on meta (same class, attributes, requires_grad), once per tensor."""
-        memo = cls.active.get()
-        if memo is None or tensor.is_meta or is_lazy(tensor):
-            return tensor
-        seen = memo.get(id(tensor))
-        if seen is None:
-            meta = torch.Tensor._make_subclass(
-                type(tensor), tensor.detach().to("meta"), tensor.requires_grad
-            )
-            meta.__dict__.update(tensor.__dict__)
-            try:
-                # In place: the caller's object itself goes to meta, so attributes it sets on
-                # that object after registering it (a layer's `weight_loader`) are kept.
-                torch.utils.swap_tensors(tensor, meta)  # type: ignore[no-untyped-call]
-                tensor, meta = meta, tensor
-            except RuntimeError:  # a view or weakly referenced tensor: register the meta copy
-                pass
-            # The original is kept so that its id is not reused while the build runs.
-            seen = memo[id(tensor)] = (tensor, meta)
-        return seen[1]
-
-    @classmethod
-    def on_parameter(cls, module: nn.Module, name: str, param: nn.Parameter) -> torch.Tensor:
-        return cls.to_meta(param)
-
-    @staticmethod
-    def on_buffer(
-        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-    ) -> None:
-        if tensor is not None and persistent:
-            tensor = _MetaState.to_meta(tensor)
-        _MetaState.register_buffer(module, name, tensor, persistent)
-
-    @classmethod
-    @contextmanager
-    def building(cls) -> Iterator[None]:
-        with cls.lock:
-            if cls.users == 0:
-                cls.hook = register_module_parameter_registration_hook(cls.on_parameter)  # type: ignore[arg-type]
-                nn.Module.register_buffer = cls.on_buffer  # type: ignore[method-assign,assignment]
-            cls.users += 1
-        token = cls.active.set({})
-        try:
-            yield
-        finally:
-            cls.active.reset(token)
-            with cls.lock:
-                cls.users -= 1
-                if cls.users == 0:
-                    nn.Module.register_buffer = cls.register_buffer  # type: ignore[method-assign]
-                    assert cls.hook is not None
-                    cls.hook.remove()
-
-    @classmethod
-    def settle(cls, module: nn.Module) -> None:
-        """Send to meta what bypassed registration (a tensor assigned over an existing buffer,
-        or written into `_parameters` directly), keeping ties."""
-        token = cls.active.set({})
-        try:
-            for sub in module.modules():
-                for attr, param in sub._parameters.items():
-                    if param is not None:
-                        sub._parameters[attr] = cls.to_meta(param)  # type: ignore[assignment]
-                for attr, buf in sub._buffers.items():
-                    if buf is not None and attr not in sub._non_persistent_buffers_set:
-                        sub._buffers[attr] = cls.to_meta(buf)
-        finally:
-            cls.active.reset(token)
+    build: Callable[..., nn.Module] = build_on_meta
+    refuse_buffers: Callable[..., tuple[str, ...]] = refuse_unrebuildable_buffers
+    slot_checks: SlotChecks = REFERENCE_SLOT_CHECKS
+    preflight: Callable[..., StreamPlan] = preflight
+    reader: Callable[[Checkpoint], TensorReader] = StreamingReader
+    stream: Callable[..., tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]] = stream
+    rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
+    check_state_kept: Callable[..., None] = check_state_kept
 
 
-def build_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
-    """VAE-1, VAE-9: run `build()` with every parameter and persistent buffer on `meta`.
-
-    No parameter or persistent buffer storage is kept (each is sent to meta as it is
-    registered); non-persistent buffers are computed as an ordinary construction computes them,
-    so they hold their real values.
-
-    Raises:
-        TypeError: `build` did not return an `nn.Module`.
-    """
-    with _MetaState.building():
-        module = build()
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"{component}: build() returned {type(module).__name__}, not an nn.Module")
-    _MetaState.settle(module)
-    return module
+REFERENCE_VAE_STEPS = VAESteps()
 
 
 def load_vae(
@@ -224,6 +136,7 @@ def load_vae(
     quantization: QuantizationSpec | None = None,
     decode_dtype: torch.dtype | None = None,
     channels_last_3d: bool = False,
+    steps: VAESteps = REFERENCE_VAE_STEPS,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
 
@@ -232,7 +145,7 @@ def load_vae(
 
     Args:
         build: constructs the VAE; called once, its parameters and persistent buffers sent to
-            `meta` as they are registered (see `build_on_meta`).
+            `meta` (see `reference.modules.build_on_meta`).
         checkpoint_path: a `.safetensors` file, a shard index, or a folder holding either.
         device: the target device (cpu or cuda).
         component: the pipeline component name, used in messages and the report.
@@ -240,6 +153,7 @@ def load_vae(
         quantization: a requested quantization; direct loading refuses any.
         decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
         channels_last_3d: store Conv3d weights in channels_last_3d.
+        steps: the steps of the load (see `VAESteps`); the reference's by default.
 
     Returns:
         The loaded module (in eval mode), and a report with one "streamed" record per tensor.
@@ -256,19 +170,19 @@ def load_vae(
     refuse_unsupported_config(component, config, quantization)
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
-    module = build_on_meta(build, component=component)
-    refuse_unrebuildable_buffers(module, component=component)
+    module = steps.build(build, component=component)
+    steps.refuse_buffers(module, component=component)
     if decode_dtype is not None:
         require_decode_dtype_support(module, decode_dtype, component=component)
-    slots = state_slots(module, component=component)
-    plan = preflight(checkpoint, slots, component=component)
-    reader = StreamingReader(checkpoint)
+    slots = state_slots(module, component=component, checks=steps.slot_checks)
+    plan = steps.preflight(checkpoint, slots, component=component)
+    reader = steps.reader(checkpoint)
     try:
-        records, filled = stream(reader, slots, plan, device=device)
+        records, filled = steps.stream(reader, slots, plan, device=device)
     finally:
         reader.close()
-    buffers = rebuild_non_persistent_buffers(module, device=device, component=component)
-    check_state_kept(module, filled, component=component)
+    buffers = steps.rebuild_buffers(module, device=device, component=component)
+    steps.check_state_kept(module, filled, component=component)
     policy = apply_vae_policy(
         module, channels_last_3d=channels_last_3d, decode_dtype=decode_dtype, component=component
     )

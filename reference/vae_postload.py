@@ -1,12 +1,7 @@
-"""After the stream: non-persistent buffers, state checks, and the VAE's layout and dtype policy.
+"""After the stream: the state check, and the VAE's layout and dtype policy.
 
-Non-persistent buffers are not in any checkpoint: their values come from construction (VAE-9).
-The meta build (`reference.vae.build_on_meta`) keeps them real: it sends only parameters and
-persistent buffers to `meta`, so a buffer computed in `__init__` holds the value an ordinary
-construction gives it. A buffer that construction itself leaves on `meta` (one derived from a
-parameter, or made on `meta` on purpose) needs a `rebuild_buffers(device)` method on the
-submodule that owns it, which recomputes it after the stream; without one the load is refused
-right after the build, naming the buffers, before any tensor data is read.
+Non-persistent buffers are given their values by `reference.modules` (VAE-9); what is left here
+is the check that the module's own hooks kept the streamed state (VAE-5, VAE-8).
 
 The policy steps (VAE-11) give the streamed module what an ordinary load followed by the same
 steps gives (the suite compares the two): Conv3d weights to `channels_last_3d` when asked, and
@@ -21,86 +16,18 @@ import torch
 from torch import nn
 
 from reference.errors import ArgumentError, StateDictABIError
-from reference.slots import named_state
+from reference.modules import has_method, state_entries
 
-REBUILD_HOOK = "rebuild_buffers"
+__all__ = [
+    "DECODE_DTYPE_HOOK",
+    "apply_vae_policy",
+    "check_state_kept",
+    "hold_decoder_in_decode_dtype",
+    "require_decode_dtype_support",
+    "to_channels_last_3d",
+]
+
 DECODE_DTYPE_HOOK = "prepare_decode_dtype"
-
-
-def non_persistent_buffers(module: nn.Module) -> dict[str, tuple[nn.Module, str]]:
-    """Every non-persistent buffer of `module`: full name -> (owner, attribute)."""
-    found = {}
-    for path, sub in module.named_modules():
-        prefix = f"{path}." if path else ""
-        for attr, buf in sub._buffers.items():
-            if buf is not None and attr in sub._non_persistent_buffers_set:
-                found[prefix + attr] = (sub, attr)
-    return found
-
-
-def _has_method(module: nn.Module, name: str) -> bool:
-    # Looked up on the class: a submodule registered under that name is not a hook.
-    return callable(getattr(type(module), name, None))
-
-
-def refuse_unrebuildable_buffers(module: nn.Module, *, component: str) -> tuple[str, ...]:
-    """VAE-9: right after the meta build, refuse buffers that nothing will give a value.
-
-    A non-persistent buffer on `meta` is acceptable only when the submodule that owns it has a
-    `rebuild_buffers(device)` method; checked before any tensor data is read.
-
-    Returns:
-        The names of the non-persistent buffers the hooks will rebuild.
-
-    Raises:
-        StateDictABIError: naming every buffer on meta whose owner has no such method.
-    """
-    on_meta = {
-        name: sub
-        for name, (sub, _) in non_persistent_buffers(module).items()
-        if module.get_buffer(name).is_meta
-    }
-    orphans = sorted(name for name, sub in on_meta.items() if not _has_method(sub, REBUILD_HOOK))
-    if orphans:
-        raise StateDictABIError(
-            f"{component}: non-persistent buffers {', '.join(orphans)} are on meta after the"
-            " meta build: construction made them from meta tensors, no checkpoint holds them,"
-            f" and their submodules have no {REBUILD_HOOK}(device) method to recompute them."
-            f" Drop the direct-loading flag for {component}, or give the owning submodule a"
-            f" {REBUILD_HOOK}(device) method"
-        )
-    return tuple(sorted(on_meta))
-
-
-def rebuild_non_persistent_buffers(
-    module: nn.Module, *, device: torch.device, component: str
-) -> tuple[str, ...]:
-    """VAE-9: give every non-persistent buffer its constructed value on `device`, or fail.
-
-    Calls `rebuild_buffers(device)` on each submodule that defines it, then moves the
-    non-persistent buffers (real since construction, or rebuilt) to `device`.
-
-    Returns:
-        The names of the non-persistent buffers, all real and on `device`.
-
-    Raises:
-        StateDictABIError: naming the buffers still on meta.
-    """
-    for sub in module.modules():
-        if _has_method(sub, REBUILD_HOOK):
-            getattr(sub, REBUILD_HOOK)(device)
-    buffers = non_persistent_buffers(module)
-    on_meta = sorted(name for name in buffers if module.get_buffer(name).is_meta)
-    if on_meta:
-        raise StateDictABIError(
-            f"{component}: non-persistent buffers {', '.join(on_meta)} are still on meta after"
-            f" the {REBUILD_HOOK}(device) methods ran; no checkpoint holds them. Make the"
-            f" method recompute every buffer it owns, or drop the direct-loading flag for"
-            f" {component}"
-        )
-    for name, (sub, attr) in buffers.items():
-        sub._buffers[attr] = module.get_buffer(name).to(device)
-    return tuple(buffers)
 
 
 def check_state_kept(
@@ -115,7 +42,7 @@ def check_state_kept(
         StateDictABIError: a hook added state (parameters registered after construction) or
             replaced a streamed tensor; naming the entries.
     """
-    current = {key: tensor for key, _, _, tensor, _ in named_state(module)}
+    current = {entry.key: entry.tensor for entry in state_entries(module)}
     added = sorted(set(current) - set(filled))
     replaced = sorted(key for key, tensor in filled.items() if current.get(key) is not tensor)
     if added or replaced:
@@ -151,7 +78,7 @@ def require_decode_dtype_support(module: nn.Module, dtype: torch.dtype, *, compo
         ArgumentError: the VAE has no `prepare_decode_dtype(dtype)` method, or `dtype` is not a
             floating dtype; the request is refused rather than ignored.
     """
-    if not _has_method(module, DECODE_DTYPE_HOOK):
+    if not has_method(module, DECODE_DTYPE_HOOK):
         raise ArgumentError(
             f"{component}: decode_dtype={dtype} was requested but {type(module).__qualname__}"
             f" has no {DECODE_DTYPE_HOOK}(dtype) method, so its decoder cannot be held in that"

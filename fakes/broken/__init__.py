@@ -5,12 +5,12 @@ rules its report marks failed are the ones the defect breaks (`breaks`, plus `al
 test pins two rules at once). Together they break every MUST rule the suite reaches through the
 adapter. Run one by hand with:
 
-    python -m pytest tests/unit --loader=fakes.broken:AdoptsTensorParallelShards
+    python -m pytest tests/unit --loader=reference.kit.fakes.broken:AdoptsTensorParallelShards
 """
 
 from __future__ import annotations
 
-from fakes.broken.admission import (
+from reference.kit.fakes.broken.admission import (
     AdmitsOneFlagAtATime,
     AllowsFsdpWithDirectDit,
     CaseInsensitiveSelection,
@@ -28,13 +28,13 @@ from fakes.broken.admission import (
     ReadsBeforeRefusingQuantizedDirect,
     StreamsVaesByDefault,
 )
-from fakes.broken.base import BrokenAdapter
-from fakes.broken.checkpoints import (
+from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.fakes.broken.checkpoints import (
     IgnoresShardIndex,
     SafetensorsLibraryErrors,
     UnpicklesLegacyCheckpoints,
 )
-from fakes.broken.dit import (
+from reference.kit.fakes.broken.dit import (
     AdoptsSharedBytesTwice,
     BuffersBecomeParameters,
     CopiesWithoutWeightLoader,
@@ -51,7 +51,7 @@ from fakes.broken.dit import (
     ReadsBeforeChecking,
     UpcastsOnOffload,
 )
-from fakes.broken.plans import (
+from reference.kit.fakes.broken.plans import (
     DefaultPlanOnCpu,
     DefersResidentComponents,
     DisablesOffloadForOnlineFp8,
@@ -62,7 +62,7 @@ from fakes.broken.plans import (
     ProcessesSerializedCheckpoints,
     UnvalidatedPlans,
 )
-from fakes.broken.vae import (
+from reference.kit.fakes.broken.vae import (
     BuildsBuffersOnMeta,
     CpuStreamKeepsFileViews,
     DropsUnknownTensors,
@@ -77,14 +77,14 @@ from fakes.broken.vae import (
     RefusesMetaBuffersLate,
     ToleratesMissingSlots,
 )
-from fakes.broken.vae_slots import (
+from reference.kit.fakes.broken.vae_slots import (
     AllowsTiedState,
     ChecksOnlyStateDict,
     IgnoresKeysThatAreNotSlots,
     IgnoresUserHooks,
     LetsLazyStateThrough,
 )
-from fakes.broken.zero_copy import (
+from reference.kit.fakes.broken.zero_copy import (
     AcceptsOverridingSubclasses,
     AdoptsOffCpuTensors,
     AdoptsParameterSubclasses,

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from fakes.broken.base import BrokenAdapter
 from reference import admission
 from reference.args import (
     COMPONENT_DIRECT_FLAG,
@@ -22,6 +21,7 @@ from reference.args import (
 )
 from reference.checkpoint import open_checkpoint
 from reference.errors import ArgumentError, DeviceMemoryError
+from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.loaders import loader_kind
 from reference.pipeline import read_pipeline
 from reference.platform import Platform

@@ -2,14 +2,14 @@
 
 A broken loader is a real loader: the reference adapter with exactly one behaviour changed. Where
 that behaviour lives inside the reference (a step of `load_dit` or `load_vae`, the zero-copy
-predicate), the loader swaps that one piece in for the duration of its own call and puts the
-reference's back afterwards, so everything else runs the reference's code unchanged.
+predicate), the loader passes its own step through the reference's explicit seam
+(`reference.dit.DiTSteps`, `reference.vae.VAESteps`), so everything else runs the reference's code
+unchanged and nothing global is patched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -43,23 +43,6 @@ class BrokenAdapter(ReferenceAdapter):
     def expected_failures(cls) -> frozenset[str]:
         """Every rule a run of the suite against this loader reports as failed."""
         return cls.breaks | frozenset(cls.also_fails)
-
-
-@contextmanager
-def swapped(owner: object, **values: object) -> Iterator[None]:
-    """Give `owner` (a module or class) these attributes for the duration of the block.
-
-    Raises:
-        AttributeError: when `owner` has no such attribute (the reference changed shape).
-    """
-    saved = {name: getattr(owner, name) for name in values}
-    for name, value in values.items():
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
 
 
 def clone_parameter(

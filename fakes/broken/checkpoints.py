@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from fakes.broken.base import BrokenAdapter
 from reference.header import DTYPES, PICKLE_SUFFIXES, read_header
+from reference.kit.fakes.broken.base import BrokenAdapter
 
 
 def _path(path: str | os.PathLike[str]) -> Path:

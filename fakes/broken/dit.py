@@ -3,7 +3,6 @@ direct reads (DG-4), and post-load processing with deferred offload (FP8-2, FP8-
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
@@ -13,26 +12,23 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from fakes.broken.base import BrokenAdapter, swapped
-from fakes.broken.readers import SharedMapReader
-from reference import adopt, dit
-from reference.adopt import AdoptedBytes, LinearKinds, Slot
+from reference.adopt import AdoptedBytes, AdoptSteps, LinearKinds, copy_to_fresh
 from reference.checkpoint import Checkpoint, TensorReader
+from reference.dit import REFERENCE_DIT_STEPS, DiTSteps
 from reference.errors import QuantizationLoadError, StateMismatchError
+from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.fakes.broken.readers import SharedMapReader
 from reference.kit.seam import PlanLike
+from reference.modules import Slot
 from reference.postload import offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 
-reference_copy = adopt._copy
+reference_copy = copy_to_fresh
 
 
 class DiTDefect(BrokenAdapter):
-    """A loader whose DiT loads run the reference with `swaps` in force, then `after`."""
-
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        """What this loader does differently during one load."""
-        return contextlib.nullcontext()
+    """A loader whose DiT loads run the reference with its own `dit_steps`, then `after`."""
 
     def after(self, module: nn.Module, report: LoadReport) -> None:
         """What this loader does to a loaded module before handing it out."""
@@ -46,10 +42,9 @@ class DiTDefect(BrokenAdapter):
         kinds: LinearKinds,
         component: str = "transformer",
     ) -> LoadReport:
-        with self.swaps(plan, fsdp=False):
-            report = super().load_full_state(
-                module, tensors, plan=plan, kinds=kinds, component=component
-            )
+        report = super().load_full_state(
+            module, tensors, plan=plan, kinds=kinds, component=component
+        )
         self.after(module, report)
         return report
 
@@ -64,16 +59,15 @@ class DiTDefect(BrokenAdapter):
         fsdp: bool = False,
         component: str = "transformer",
     ) -> tuple[nn.Module, LoadReport]:
-        with self.swaps(plan, fsdp=fsdp):
-            module, report = super().load_dit(
-                build,
-                checkpoint,
-                plan=plan,
-                kinds=kinds,
-                quantization=quantization,
-                fsdp=fsdp,
-                component=component,
-            )
+        module, report = super().load_dit(
+            build,
+            checkpoint,
+            plan=plan,
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+        )
         self.after(module, report)
         return module, report
 
@@ -123,8 +117,8 @@ class CopiesWithoutWeightLoader(DiTDefect):
         }
     )
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(adopt, _copy=copy_ignoring_weight_loader)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(adopt=AdoptSteps(copy=copy_ignoring_weight_loader))
 
 
 def copy_keeping_dtype(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> Any:
@@ -151,8 +145,8 @@ class KeepsCheckpointDtype(DiTDefect):
         }
     )
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(adopt, _copy=copy_keeping_dtype)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(adopt=AdoptSteps(copy=copy_keeping_dtype))
 
 
 class BuffersBecomeParameters(DiTDefect):
@@ -209,8 +203,8 @@ class PreconvertsForWeightLoader(DiTDefect):
     name = "correct-preconverts-for-weight-loader"
     exercises = frozenset({"ZC-10", "ZC-11"})
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(adopt, _copy=copy_converted_first)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(adopt=AdoptSteps(copy=copy_converted_first))
 
 
 class NeverClashes(AdoptedBytes):
@@ -228,8 +222,8 @@ class AdoptsSharedBytesTwice(DiTDefect):
     breaks = frozenset({"ZC-12"})
     also_fails = MappingProxyType({})
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(adopt, AdoptedBytes=NeverClashes)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(adopt=AdoptSteps(ledger=NeverClashes))
 
 
 class MapsCheckpointShared(DiTDefect):
@@ -242,8 +236,8 @@ class MapsCheckpointShared(DiTDefect):
         {"CKPT-4": "the bad-input tests hash every file after each load path, writes included"}
     )
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(dit, TensorReader=SharedMapReader)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(reader=SharedMapReader)
 
 
 def no_preflight(module: nn.Module, names: set[str], *, component: str) -> None:
@@ -257,8 +251,8 @@ class ReadsBeforeChecking(DiTDefect):
     name = "broken-reads-before-checking"
     breaks = frozenset({"CKPT-5"})
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(dit, _preflight=no_preflight)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(check_names=no_preflight)
 
 
 class CpuPreReader(TensorReader):
@@ -284,10 +278,10 @@ class PreReadsDirectCheckpoint(DiTDefect):
     breaks = frozenset({"DG-4"})
     gpu_only = "a direct load needs a device other than the CPU (PLAN-3)"
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
         if plan.load_full_state_dict_on_device:
-            return swapped(dit, TensorReader=CpuPreReader)
-        return contextlib.nullcontext()
+            return DiTSteps(reader=CpuPreReader)
+        return REFERENCE_DIT_STEPS
 
 
 class OffloadsBeforeProcessing(DiTDefect):
@@ -301,15 +295,15 @@ class OffloadsBeforeProcessing(DiTDefect):
     )
     gpu_only = "on a CPU runtime device the early offload moves nothing, so it is no event"
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
         if not plan.defer_cpu_offload or fsdp:  # FSDP drops the deferral (FP8-4)
-            return contextlib.nullcontext()
+            return REFERENCE_DIT_STEPS
 
         def offload_then_process(module: nn.Module, **options: Any) -> int:
             offload_to_cpu(module)
             return process_weights(module, **options)
 
-        return swapped(dit, process_weights=offload_then_process)
+        return DiTSteps(process=offload_then_process)
 
 
 class IgnoresFsdp(DiTDefect):
@@ -387,5 +381,5 @@ class UpcastsOnOffload(DiTDefect):
     name = "broken-upcasts-on-offload"
     breaks = frozenset({"FP8-6"})
 
-    def swaps(self, plan: PlanLike, *, fsdp: bool) -> contextlib.AbstractContextManager[None]:
-        return swapped(dit, offload_to_cpu=offload_as_float32)
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(offload=offload_as_float32)

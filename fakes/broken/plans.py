@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from fakes.broken.base import BrokenAdapter
+from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.plan import CPU, WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import ONLINE_DEVICE_METHODS, QuantizationSpec

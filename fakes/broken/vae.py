@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -12,30 +12,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from fakes.broken.base import BrokenAdapter, swapped
-from fakes.broken.readers import WholeFileReader
-from reference import stream, vae, vae_postload
 from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.errors import ComponentCheckpointUnsupportedError, StateDictABIError
+from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.fakes.broken.readers import WholeFileReader
+from reference.modules import Slot, rebuild_non_persistent_buffers
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
-from reference.slots import Slot
-from reference.stream import StreamPlan, grad_allowed
+from reference.stream import StreamPlan, fill_slot, grad_allowed, preflight, stream
+from reference.vae import VAESteps
 
 CPU = torch.device("cpu")
-reference_preflight = stream.preflight
-reference_stream = stream.stream
-reference_rebuild = vae_postload.rebuild_non_persistent_buffers
+reference_preflight = preflight
+reference_stream = stream
+reference_rebuild = rebuild_non_persistent_buffers
 
 
 class VAEDefect(BrokenAdapter):
-    """A loader whose VAE loads (and slot checks) run the reference with `swaps` in force, on
-    `options`, then `after`."""
-
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        """What this loader does differently while it loads a VAE or lists its slots."""
-        return contextlib.nullcontext()
+    """A loader whose VAE loads (and slot checks) run the reference with its own `vae_steps`,
+    on `options`, then `after`."""
 
     def options(self, options: dict[str, Any]) -> dict[str, Any]:
         """The load options this loader acts on."""
@@ -43,10 +39,6 @@ class VAEDefect(BrokenAdapter):
 
     def after(self, module: nn.Module) -> None:
         """What this loader does to a loaded VAE before handing it out."""
-
-    def vae_state_slots(self, module: nn.Module) -> frozenset[str]:
-        with self.swaps():
-            return super().vae_state_slots(module)
 
     def load_vae(
         self,
@@ -70,8 +62,7 @@ class VAEDefect(BrokenAdapter):
                 "channels_last_3d": channels_last_3d,
             }
         )
-        with self.swaps():
-            module, report = super().load_vae(build, checkpoint, **options)
+        module, report = super().load_vae(build, checkpoint, **options)
         self.after(module)
         return module, report
 
@@ -82,8 +73,8 @@ class ReadsWholeVaeCheckpoint(VAEDefect):
     name = "broken-reads-whole-vae-checkpoint"
     breaks = frozenset({"VAE-1"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, StreamingReader=WholeFileReader)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(reader=WholeFileReader)
 
 
 def drop_unknown(
@@ -103,8 +94,8 @@ class DropsUnknownTensors(VAEDefect):
     name = "broken-drops-unknown-tensors"
     breaks = frozenset({"VAE-4", "VAE-7", "CKPT-3"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, preflight=drop_unknown)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(preflight=drop_unknown)
 
 
 def stream_in_file_dtype(
@@ -112,7 +103,9 @@ def stream_in_file_dtype(
 ) -> tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]:
     """Streams each tensor in the dtype the file has, not the slot's."""
     as_file = {
-        name: dataclasses.replace(slot, dtype=reader.checkpoint.tensors[name].dtype)
+        name: dataclasses.replace(
+            slot, tensor=slot.tensor.to(reader.checkpoint.tensors[name].dtype)
+        )
         for name, slot in slots.items()
     }
     return reference_stream(reader, as_file, plan, device=device)
@@ -131,8 +124,8 @@ class KeepsFileDtype(VAEDefect):
         }
     )
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, stream=stream_in_file_dtype)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(stream=stream_in_file_dtype)
 
 
 def ignore_missing(
@@ -151,8 +144,8 @@ class ToleratesMissingSlots(VAEDefect):
     name = "broken-tolerates-missing-slots"
     breaks = frozenset({"CKPT-3"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, preflight=ignore_missing)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(preflight=ignore_missing)
 
 
 def keep_whatever_is_there(
@@ -168,8 +161,8 @@ class LeavesMissingSlotsOnMeta(VAEDefect):
     name = "broken-leaves-missing-slots-on-meta"
     breaks = frozenset({"VAE-8", "CKPT-3"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, preflight=ignore_missing, check_state_kept=keep_whatever_is_there)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(preflight=ignore_missing, check_state_kept=keep_whatever_is_there)
 
 
 def rebuild_what_can_be_rebuilt(
@@ -194,11 +187,9 @@ class LetsMetaBuffersThrough(VAEDefect):
     name = "broken-lets-meta-buffers-through"
     breaks = frozenset({"VAE-9"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(
-            vae,
-            refuse_unrebuildable_buffers=accept_every_buffer,
-            rebuild_non_persistent_buffers=rebuild_what_can_be_rebuilt,
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(
+            refuse_buffers=accept_every_buffer, rebuild_buffers=rebuild_what_can_be_rebuilt
         )
 
 
@@ -209,8 +200,8 @@ class RefusesMetaBuffersLate(VAEDefect):
     name = "broken-refuses-meta-buffers-late"
     breaks = frozenset({"VAE-9"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, refuse_unrebuildable_buffers=accept_every_buffer)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(refuse_buffers=accept_every_buffer)
 
 
 class RefusesConstructedBuffersAtEnd(VAEDefect):
@@ -221,12 +212,8 @@ class RefusesConstructedBuffersAtEnd(VAEDefect):
     name = "broken-refuses-constructed-buffers-at-end"
     breaks = frozenset({"VAE-9"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(
-            vae,
-            build_on_meta=build_everything_on_meta,
-            refuse_unrebuildable_buffers=accept_every_buffer,
-        )
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(build=build_everything_on_meta, refuse_buffers=accept_every_buffer)
 
 
 def build_everything_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
@@ -247,8 +234,8 @@ class BuildsBuffersOnMeta(VAEDefect):
     name = "broken-builds-buffers-on-meta"
     breaks = frozenset({"VAE-9"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(vae, build_on_meta=build_everything_on_meta)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(build=build_everything_on_meta)
 
 
 class FreezesStreamedParameters(VAEDefect):
@@ -330,7 +317,7 @@ def fill_with_file_view(reader: TensorReader, slot: Slot, *, device: torch.devic
     return param
 
 
-reference_fill_slot = stream.fill_slot
+reference_fill_slot = fill_slot
 
 
 class CpuStreamKeepsFileViews(VAEDefect):
@@ -341,5 +328,5 @@ class CpuStreamKeepsFileViews(VAEDefect):
     breaks = frozenset({"VAE-13"})
     also_fails = MappingProxyType({"VAE-1": "both tests of VAE-13 pin VAE-1 too"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(stream, fill_slot=fill_with_file_view)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(stream=functools.partial(stream, fill=fill_with_file_view))

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from fakes.broken.base import swapped
-from fakes.broken.vae import VAEDefect
-from reference import slots
+from reference.kit.fakes.broken.vae import VAEDefect
+from reference.modules import Entry
+from reference.slots import SlotChecks, check_settled
+from reference.vae import VAESteps
 
 
 class ChecksOnlyStateDict(VAEDefect):
@@ -19,8 +20,8 @@ class ChecksOnlyStateDict(VAEDefect):
     name = "broken-checks-only-state-dict"
     breaks = frozenset({"VAE-2", "VAE-3"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(slots, ABI_FUNCTIONS=("state_dict",))
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(slot_checks=SlotChecks(functions=("state_dict",)))
 
 
 class IgnoresUserHooks(VAEDefect):
@@ -29,13 +30,13 @@ class IgnoresUserHooks(VAEDefect):
     name = "broken-ignores-user-hooks"
     breaks = frozenset({"VAE-3"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(slots, HOOK_TABLES={})
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(slot_checks=SlotChecks(hook_tables=()))
 
 
 def no_tie_check(
     module: nn.Module,
-    entries: list[tuple[str, nn.Module, str, torch.Tensor, bool]],
+    entries: Sequence[Entry],
     *,
     component: str,
 ) -> None:
@@ -49,8 +50,8 @@ class AllowsTiedState(VAEDefect):
     name = "broken-allows-tied-state"
     breaks = frozenset({"VAE-6"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(slots, _refuse_tied=no_tie_check)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(slot_checks=SlotChecks(untied=no_tie_check))
 
 
 def keys_unchecked(module: nn.Module, found: object, *, component: str) -> None:
@@ -64,11 +65,11 @@ class IgnoresKeysThatAreNotSlots(VAEDefect):
     name = "broken-ignores-keys-that-are-not-slots"
     breaks = frozenset({"VAE-5"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(slots, check_keys_are_slots=keys_unchecked)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(slot_checks=SlotChecks(keys_are_slots=keys_unchecked))
 
 
-_check_settled = slots.check_settled
+_check_settled = check_settled
 
 
 def lazy_unchecked(key: str, tensor: torch.Tensor, *, is_parameter: bool, component: str) -> None:
@@ -84,5 +85,5 @@ class LetsLazyStateThrough(VAEDefect):
     name = "broken-lets-lazy-state-through"
     breaks = frozenset({"VAE-4b"})
 
-    def swaps(self) -> contextlib.AbstractContextManager[None]:
-        return swapped(slots, check_settled=lazy_unchecked)
+    def vae_steps(self) -> VAESteps:
+        return VAESteps(slot_checks=SlotChecks(settled=lazy_unchecked))

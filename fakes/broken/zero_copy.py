@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import MappingProxyType, MethodType
 
 import torch
 from torch import nn
 
-from fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter, swapped
-from reference import adopt
-from reference.adopt import ADOPT, SPECIAL_FLAGS, LinearKinds, Verdict, same_device
+from reference.adopt import ADOPT, SPECIAL_FLAGS, AdoptSteps, LinearKinds, Verdict, same_device
 from reference.adopt import zero_copy_verdict as reference_verdict
+from reference.dit import DiTSteps
+from reference.kit.fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter
 from reference.kit.seam import PlanLike
-from reference.quantization import QuantizationSpec
-from reference.report import LoadReport
 
 
 @dataclass(frozen=True)
@@ -69,13 +65,13 @@ class PredicateDefect(BrokenAdapter):
     def verdict(
         self,
         param: torch.Tensor,
-        tensor: torch.Tensor,
+        checkpoint_tensor: torch.Tensor,
         target: torch.Tensor,
         *,
         kinds: LinearKinds,
         direct_device: torch.device | None = None,
     ) -> Verdict:
-        return self.ask(Question(param, tensor, target, kinds, direct_device))
+        return self.ask(Question(param, checkpoint_tensor, target, kinds, direct_device))
 
     def zero_copy_verdict(
         self,
@@ -90,41 +86,8 @@ class PredicateDefect(BrokenAdapter):
             param, checkpoint_tensor, target, kinds=kinds, direct_device=direct_device
         )
 
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
-        with swapped(adopt, zero_copy_verdict=self.verdict):
-            return super().load_full_state(
-                module, tensors, plan=plan, kinds=kinds, component=component
-            )
-
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-    ) -> tuple[nn.Module, LoadReport]:
-        with swapped(adopt, zero_copy_verdict=self.verdict):
-            return super().load_dit(
-                build,
-                checkpoint,
-                plan=plan,
-                kinds=kinds,
-                quantization=quantization,
-                fsdp=fsdp,
-                component=component,
-            )
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(adopt=AdoptSteps(verdict=self.verdict))
 
 
 class AdoptsOffCpuTensors(PredicateDefect):

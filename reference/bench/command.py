@@ -63,7 +63,11 @@ def checkpoint_facts(path: Path) -> dict[str, int]:
 def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
     """Write the DiT and VAE checkpoints of one size and describe them; with diffusers
     installed, also a diffusers Wan DiT of about the same size (`ddit`)."""
-    from fakes.bench import BenchShapes, write_bench_checkpoints, write_diffusers_bench
+    from reference.kit.fakes.bench import (
+        BenchShapes,
+        write_bench_checkpoints,
+        write_diffusers_bench,
+    )
 
     shapes = BenchShapes.for_bytes(size_mib * MIB)
     dit, vae = write_bench_checkpoints(folder, shapes)

@@ -85,8 +85,8 @@ class Job:
 
     @functools.cached_property
     def shapes(self) -> Any:
-        """The models' constructor arguments (`fakes.bench.BenchShapes`), read once."""
-        from fakes.bench import BenchShapes
+        """The models' constructor arguments (`fakes/bench.py: BenchShapes`), read once."""
+        from reference.kit.fakes.bench import BenchShapes
 
         return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
 
@@ -105,9 +105,9 @@ def module_tensors(module: nn.Module) -> list[torch.Tensor]:
 def from_report(module: nn.Module, report: LoadReport) -> Loaded:
     return Loaded(
         module,
-        adopted=report.adopted[1],
-        copied=report.copied[1],
-        streamed=report.streamed[1],
+        adopted=report.adopted.bytes,
+        copied=report.copied.bytes,
+        streamed=report.streamed.bytes,
     )
 
 
@@ -145,7 +145,7 @@ def read_all(tensors: list[torch.Tensor]) -> int:
 
 
 def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
-    from fakes.layers import LINEAR_KINDS
+    from reference.kit.fakes.layers import LINEAR_KINDS
 
     direct = device.type != "cpu"
     plan = (

@@ -40,7 +40,7 @@ def preload() -> None:
     """
     import safetensors.torch  # noqa: F401
 
-    from fakes.bench import BenchShapes
+    from reference.kit.fakes.bench import BenchShapes
 
     tiny = BenchShapes.for_bytes(1 << 20)
     with torch.device("meta"):

@@ -23,12 +23,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from reference.extras import install_hint
+from reference.kit.errors import KitError
 
 SUITE = "reference.kit.suite"
 PLUGIN = "reference.kit.plugin"
 
 
-class SuiteNotInstalledError(RuntimeError):
+class SuiteNotInstalledError(KitError, RuntimeError):
     """The contract tests are not importable as `reference.kit.suite`."""
 
 

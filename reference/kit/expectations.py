@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from reference.kit.errors import KitError
 from reference.rules import BY_ID
 
 _LINE = re.compile(
@@ -32,7 +33,7 @@ _LINE = re.compile(
 )
 
 
-class ExpectationsError(ValueError):
+class ExpectationsError(KitError, ValueError):
     """An expectations file is malformed or names a rule the catalogue lacks."""
 
 

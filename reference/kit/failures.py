@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from reference.kit.errors import KitError
 from reference.kit.seam import LoaderAdapter, Unsupported, capability_of
 
 __all__ = ["LINE_LIMIT", "SeamView", "SeamViolation", "describe", "first_difference", "one_line"]
@@ -23,7 +24,7 @@ LINE_LIMIT = 400
 """The longest failure line the suite prints; longer ones are cut, saying so."""
 
 
-class SeamViolation(Exception):
+class SeamViolation(KitError):
     """A test called a loader method of a capability it is not marked with: a suite defect."""
 
 

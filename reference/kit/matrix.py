@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.kit.conformance import SCHEMA, verdict
+from reference.kit.errors import KitError
 from reference.rules import BY_ID, RULES
 
 CELLS: dict[str, str] = {
@@ -29,7 +30,7 @@ LEGEND = (
 )
 
 
-class ReportError(ValueError):
+class ReportError(KitError, ValueError):
     """A file is not a conformance report this version can read, or two reports collide."""
 
 

@@ -133,6 +133,7 @@ class ReferenceAdapter(ReferencePlans):
             load_device=real.checkpoint_load_device,
             kinds=kinds,
             direct=real.load_full_state_dict_on_device,
+            steps=self.dit_steps(plan, fsdp=False).adopt,
         )
         return LoadReport(component=component, plan=real, records=records, events=("load",))
 
@@ -155,7 +156,17 @@ class ReferenceAdapter(ReferencePlans):
             quantization=quantization,
             fsdp=fsdp,
             component=component,
+            steps=self.dit_steps(plan, fsdp=fsdp),
         )
+
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> dit.DiTSteps:
+        """The steps of this adapter's DiT loads (the reference's); a variant that loads
+        differently returns its own, as the kit's broken loaders do."""
+        return dit.REFERENCE_DIT_STEPS
+
+    def vae_steps(self) -> vae_mod.VAESteps:
+        """The steps of this adapter's VAE loads and slot checks (the reference's)."""
+        return vae_mod.REFERENCE_VAE_STEPS
 
     def offload_for_quantization(
         self, options: OffloadOptions, quantization: QuantizationSpec | None
@@ -176,7 +187,10 @@ class ReferenceAdapter(ReferencePlans):
 
     # --- VAE: slots, preflight, streaming ------------------------------------------------------
     def vae_state_slots(self, module: torch.nn.Module) -> frozenset[str]:
-        return frozenset(slots_mod.state_slots(module, component=type(module).__name__))
+        checks = self.vae_steps().slot_checks
+        return frozenset(
+            slots_mod.state_slots(module, component=type(module).__name__, checks=checks)
+        )
 
     def load_vae(
         self,
@@ -199,6 +213,7 @@ class ReferenceAdapter(ReferencePlans):
             quantization=quantization,
             decode_dtype=decode_dtype,
             channels_last_3d=channels_last_3d,
+            steps=self.vae_steps(),
         )
 
     # --- arguments and admission ---------------------------------------------------------------

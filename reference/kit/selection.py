@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Literal, cast
 
+from reference.kit.errors import KitError
 from reference.kit.seam import ALL_CAPABILITIES, LoaderAdapter
 
 ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
@@ -36,7 +37,7 @@ HOW_TO_CHOOSE = (
 )
 
 
-class SelectionError(ValueError):
+class SelectionError(KitError, ValueError):
     """The loader under test cannot be resolved, or what was found is not an adapter."""
 
 

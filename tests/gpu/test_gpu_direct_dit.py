@@ -16,15 +16,15 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
-from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
-from fakes.layers import (
+from reference.checkpoint import TensorReader
+from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.checkpoint import TensorReader
 from reference.kit.seam import DIRECT_DIT, Plan, PlanLike, SeamLoader
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.evidence import DataReads, data_bytes, evidence_missing
-from fakes.judge import refusal
-from fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
 from reference.checkpoint import DTYPES
 from reference.errors import DeviceMemoryError
+from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
+from reference.kit.fakes.judge import refusal
+from reference.kit.fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
 from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader
 from reference.platform import SYSTEM
 

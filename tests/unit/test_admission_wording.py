@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fakes.platform import FakePlatform
 from reference.admission import (
     NO_DIRECT_SUPPORT,
     DirectRequest,
@@ -22,6 +21,7 @@ from reference.admission import (
 )
 from reference.args import ServerArgs
 from reference.errors import ArgumentError, ComponentCheckpointUnsupportedError
+from reference.kit.fakes.platform import FakePlatform
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("pins the reference's own admission wording")

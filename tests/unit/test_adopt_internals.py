@@ -15,15 +15,15 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
 from reference.adopt import (
     AdoptedBytes,
     LinearKinds,
-    find_slots,
     load_full_state,
     same_device,
     zero_copy_verdict,
 )
+from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
+from reference.modules import find_slots
 
 pytestmark = pytest.mark.reference_only("calls reference.adopt's internals directly")
 
@@ -104,7 +104,8 @@ class TwoNames(nn.Module):
 @pytest.mark.rule("ZC-12")
 def test_find_slots_keeps_every_place_and_alias() -> None:
     module = TwoNames()
-    slots, aliases = find_slots(module)
+    found = find_slots(module)
+    slots, aliases = found.by_name, found.aliases
     assert list(slots) == ["w1", "inner.weight", "inner.bias"]
     assert slots["w1"].places == ((module, "w1"), (module, "w2"))
     assert slots["inner.weight"].places == ((module.inner, "weight"),)

@@ -29,7 +29,11 @@ NO_COMPONENT = "{flag}: names no component; write {flag}.<component>, as in {fla
             ["--component-cpu-offload.vae=maybe"],
             BOOL_HINT.format(flag="--component-cpu-offload.vae"),
         ),
-        (["--tp-size"], "argument --tp-size/--tp_size: expected one argument"),
+        (
+            ["--tp-size"],
+            "argument --tp-size/--tp_size: expected one argument;"
+            " see python -m reference load --help",
+        ),
         (["--tp-size", "0"], "--tp-size: expected an integer >= 1, got '0'"),
         (
             ["--device", "nonsense"],

@@ -19,20 +19,20 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.checkpoints import write_checkpoint
-from fakes.corpus_models import corpus_pipeline, mark, survivors
-from fakes.corrupt import CASES, BadCheckpoint, small_state, write_bad_checkpoint
-from fakes.guards import Seal, failure_of, sealing
-from fakes.judge import assert_names
-from fakes.load_paths import (
+from reference.checkpoint import open_checkpoint
+from reference.errors import CheckpointError
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.corpus_models import corpus_pipeline, mark, survivors
+from reference.kit.fakes.corrupt import CASES, BadCheckpoint, small_state, write_bad_checkpoint
+from reference.kit.fakes.guards import Seal, failure_of, sealing
+from reference.kit.fakes.judge import assert_names
+from reference.kit.fakes.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,
     load_checkpoint,
     load_component,
 )
-from reference.checkpoint import open_checkpoint
-from reference.errors import CheckpointError
 from reference.kit.seam import SeamLoader
 
 ON_CHECKPOINTS = [

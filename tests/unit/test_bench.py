@@ -15,9 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.bench import BenchDiT, BenchShapes
-from fakes.checkpoints import write_checkpoint
-from fakes.layers import LINEAR_KINDS
 from reference.__main__ import main
 from reference.adopt import ADOPTION_DISABLED, load_full_state
 from reference.bench import paths as bench_paths
@@ -27,6 +24,9 @@ from reference.bench.ratios import RATIOS, compute_ratios
 from reference.bench.report import format_document, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
+from reference.kit.fakes.bench import BenchDiT, BenchShapes
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal

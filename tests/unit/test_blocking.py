@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.corpus_models import CorpusDiT, CorpusVAE
-from fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
+from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan
 

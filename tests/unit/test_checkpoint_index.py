@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fakes.judge import assert_names, loaded_or_refused, refusal
 from reference.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.fakes.judge import assert_names, loaded_or_refused, refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.checkpoints import write_checkpoint
-from fakes.corrupt import CASES, write_bad_checkpoint
-from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from fakes.judge import refusal
-from fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
-from fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.corrupt import CASES, write_bad_checkpoint
+from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
+from reference.kit.fakes.judge import refusal
+from reference.kit.fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
+from reference.kit.fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader
 
 
@@ -219,7 +219,7 @@ def test_sharded_vae_checkpoint_streams_like_a_single_file(
             expected[name].cpu().reshape(-1).view(torch.uint8),
         )
         assert torch.equal(tensor.cpu(), state[name]), name
-    assert report.streamed[0] == len(state)
+    assert report.streamed.tensors == len(state)
 
 
 @pytest.mark.rule("CKPT-2")

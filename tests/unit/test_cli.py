@@ -1,5 +1,5 @@
 """The reference's own command line, driven as a user would run it: in this interpreter
-(fakes.command), and in a fresh one where what a new interpreter holds is the point."""
+(tests/unit/command.py), and in a fresh one where what a new interpreter holds is the point."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from fakes.command import Result, run_reference, run_reference_fresh
-from fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
+from reference.kit.fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
+
+from .command import Result, run_reference, run_reference_fresh
 
 pytestmark = pytest.mark.internal
 
 
 def run(*argv: str) -> Result:
-    """`python -m reference ARGV` with CUDA hidden (with `--models fakes.pipelines` after
-    `load DIR`), run in this interpreter."""
+    """`python -m reference ARGV` with CUDA hidden (with `--models reference.kit.fakes.pipelines`
+    after `load DIR`), run in this interpreter."""
     if argv[:1] == ("load",) and len(argv) > 1:
-        argv = (*argv[:2], "--models", "fakes.pipelines", *argv[2:])
+        argv = (*argv[:2], "--models", "reference.kit.fakes.pipelines", *argv[2:])
     return run_reference(*argv, hide_cuda=True)
 
 
@@ -80,6 +81,38 @@ def test_refusals_are_one_line_and_exit_2(pipeline: Path, flags: list[str], word
     assert words in lines[0]
 
 
+class FailingPlatform:
+    """A platform with a bug: every question raises something that is not a refusal."""
+
+    def cuda_available(self) -> bool:
+        raise ZeroDivisionError("a bug in the platform")
+
+    def device_count(self) -> int:
+        raise ZeroDivisionError("a bug in the platform")
+
+    def free_device_memory(self, device: object) -> int:
+        raise ZeroDivisionError("a bug in the platform")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_an_internal_error_is_not_a_refusal(
+    pipeline: Path, debug: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug (not a `LoadError`) exits 3 with one line saying it is internal; `--debug` adds
+    the traceback before that line. A refusal keeps exit 2 (above)."""
+    from reference.cli import load_command
+
+    argv = [str(pipeline), "--models", "reference.kit.fakes.pipelines", "--dit-cpu-offload"]
+    code = load_command([*argv, "--debug"] if debug else argv, platform=FailingPlatform())
+    err = capsys.readouterr().err
+    assert code == 3
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: internal error: ZeroDivisionError: a bug in the platform")
+    assert "--debug" in last
+    assert ("Traceback (most recent call last)" in err) is debug
+    assert len(err.strip().splitlines()) > 1 if debug else len(err.strip().splitlines()) == 1
+
+
 def test_undeclared_component_is_listed(pipeline: Path) -> None:
     result = run(
         "load",
@@ -104,14 +137,14 @@ def test_a_refusal_goes_where_the_caller_says(
     """The demo passes stdout, so a refusal stays under its heading however streams are piped."""
     import io
 
-    from fakes.platform import FakePlatform
     from reference.cli import load_command
+    from reference.kit.fakes.platform import FakePlatform
 
     here = io.StringIO()
     argv = [
         str(pipeline),
         "--models",
-        "fakes.pipelines",
+        "reference.kit.fakes.pipelines",
         "--component-direct-gpu-weight-loading.vae",
     ]
     assert load_command(argv, platform=FakePlatform(cuda=False), errors=here) == 2
@@ -137,7 +170,7 @@ def test_demo_keeps_each_refusal_under_its_heading_when_piped() -> None:
     lines = result.stdout.splitlines()
     heading = lines.index("## refused: direct DiT loading of an offloaded DiT")
     assert lines[heading + 1].startswith("$ python -m reference load ")
-    assert "--models fakes.pipelines" in lines[heading + 1]
+    assert "--models reference.kit.fakes.pipelines" in lines[heading + 1]
     assert lines[heading + 2].startswith("error: --direct-gpu-weight-loading")
     assert lines[-1].startswith("removed ")  # its temporary folder, saying so
     assert "--keep DIR" in lines[-1]

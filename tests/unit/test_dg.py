@@ -15,17 +15,17 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.dit import DiTConfig, TinyDiT, dit_state, write_dit_checkpoint
-from fakes.evidence import data_bytes, evidence_missing, safetensors_files
-from fakes.layers import (
+from reference.checkpoint import open_checkpoint
+from reference.kit.fakes.dit import DiTConfig, TinyDiT, dit_state, write_dit_checkpoint
+from reference.kit.fakes.evidence import data_bytes, evidence_missing, safetensors_files
+from reference.kit.fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
 )
-from fakes.load_paths import direct_device as device_for_direct_mode
-from reference.checkpoint import open_checkpoint
+from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.seam import DIRECT_DIT, PLANS, Plan, PlanLike, SeamLoader
 from reference.memory import PeakSampler
 

@@ -1,5 +1,5 @@
 """diffusers VAEs through the reference's command line, its class resolution, and the error a user
-gets without the diffusers extra. The command runs in this interpreter (fakes.command), on local
+gets without the diffusers extra. The command runs in this interpreter (command.py), on local
 folders only: nothing is downloaded."""
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
-from fakes.command import Result, run_reference
-from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
-from fakes.platform import FakePlatform
 from reference.args import parse_args
 from reference.cli import HEADER, load_command, load_with_table
 from reference.diffusers_models import VAE_PACKAGE, resolve_vae_class
 from reference.errors import CheckpointError
 from reference.extras import install_hint
+from reference.kit.fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
+from reference.kit.fakes.platform import FakePlatform
 from reference.model_loaders import VAELoader
 from reference.pipeline import read_pipeline
+
+from .command import Result, run_reference
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 SEL = "--component-direct-gpu-weight-loading.vae"

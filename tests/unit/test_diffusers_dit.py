@@ -1,5 +1,5 @@
 """Real diffusers pipelines (Wan, Flux, SD3, PixArt-Sigma, Sana, LTX-Video, HunyuanDiT), tiny,
-written end to end by each pipeline class's own `save_pretrained` (fakes.diffusers_pipelines).
+written end to end by each pipeline class's own `save_pretrained` (fakes/diffusers_pipelines.py).
 
 Contract tests load the `transformer` component through the loader under test and judge the
 outcome any loader leaves: where each parameter's bytes live (a mapping of the checkpoint file at
@@ -22,8 +22,8 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.command import ROOT, Result, run_reference, run_reference_fresh
-from fakes.diffusers_pipelines import (
+from reference.extras import install_hint
+from reference.kit.fakes.diffusers_pipelines import (
     HUB_PIPELINES,
     WAN22_PIPELINE,
     WAN_DIT,
@@ -31,13 +31,14 @@ from fakes.diffusers_pipelines import (
     HubPipeline,
     write_hub_pipeline,
 )
-from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from fakes.file_maps import file_position, maps_missing, tensor_positions
-from fakes.judge import refusal
-from fakes.platform import FakePlatform
-from reference.extras import install_hint
+from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
+from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
+from reference.kit.fakes.judge import refusal
+from reference.kit.fakes.platform import FakePlatform
 from reference.kit.seam import PIPELINES, SeamLoader
 from reference.quantization import QuantizationSpec
+
+from .command import ROOT, Result, run_reference, run_reference_fresh
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 OWN_CLI = "drives the reference's own command line, class resolution and wording"
@@ -375,7 +376,7 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     no persistent buffer); the weightless and foreign components listed with why; the
     pipeline's own settings listed, not refused. Wan runs in a fresh interpreter."""
     root = hub[f"{name}-{layout}"]
-    argv = (str(root), "--dit-cpu-offload")
+    argv = (str(root), "--dit-cpu-offload", "--measure")
     done = run_load_fresh(*argv) if (name, layout) == ("wan", "sharded") else run_load(*argv)
     assert done.returncode == 0, done.stderr
     found = sections(done.stdout)
@@ -597,7 +598,8 @@ def test_reference_imports_without_diffusers() -> None:
     """`reference` and the pipeline writer import with diffusers blocked (lazy imports)."""
     code = (
         "import sys; sys.modules['diffusers'] = None\n"
-        "import reference, reference.cli, reference.model_loaders, fakes.diffusers_pipelines\n"
+        "import reference, reference.cli, reference.model_loaders\n"
+        "import reference.kit.fakes.diffusers_pipelines\n"
         "print('ok')"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

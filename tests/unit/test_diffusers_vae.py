@@ -21,7 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.diffusers_vaes import (
+from reference.extras import install_hint
+from reference.kit.fakes.diffusers_vaes import (
     IMAGE_KL,
     IMAGE_TINY,
     VIDEO_COGVIDEOX,
@@ -31,7 +32,6 @@ from fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
-from reference.extras import install_hint
 from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
 from reference.platform import SYSTEM
 
@@ -273,7 +273,7 @@ def test_diffusers_vae_with_buffers_computed_in_init_streams_without_edits(
 def test_reference_meta_build_of_every_diffusers_vae_keeps_only_its_buffers_real(
     meta_vaes: Mapping[str, nn.Module],
 ) -> None:
-    from reference.vae import build_on_meta
+    from reference.modules import build_on_meta
 
     with_buffers = []
     for name, built in meta_vaes.items():

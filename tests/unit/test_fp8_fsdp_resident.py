@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.dit import TinyDiT, write_dit_checkpoint
-from fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.seam import FP8_DEFER, Plan, SeamLoader
 from reference.quantization import QuantizationSpec
 

@@ -31,11 +31,18 @@ pytest.importorskip("hypothesis", reason="property-based tests need hypothesis (
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from fakes.checkpoints import write_checkpoint
-from fakes.fuzz import FUZZ_SETTINGS, checkpoints, mutate, pairs_or_none, same_meaning, write
-from fakes.judge import refusal
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.fuzz import (
+    FUZZ_SETTINGS,
+    checkpoints,
+    mutate,
+    pairs_or_none,
+    same_meaning,
+    write,
+)
+from reference.kit.fakes.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 CPU = torch.device("cpu")

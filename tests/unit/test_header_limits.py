@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from fakes.judge import refusal
 from reference.errors import CheckpointError
 from reference.header import MAX_HEADER_BYTES, read_header
+from reference.kit.fakes.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)

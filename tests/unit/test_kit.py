@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import reference
-from fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.errors import CheckpointError
 from reference.kit.failures import SeamView
+from reference.kit.fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.isolated import attempt
 from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.corpus_models import corpus_pipeline
-from fakes.corrupt import small_state
-from fakes.guards import Seal, failure_of, sealing
-from fakes.load_paths import (
+from reference.errors import CheckpointError
+from reference.kit.fakes.corpus_models import corpus_pipeline
+from reference.kit.fakes.corrupt import small_state
+from reference.kit.fakes.guards import Seal, failure_of, sealing
+from reference.kit.fakes.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,
     load_checkpoint,
     load_component,
 )
-from fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
-from reference.errors import CheckpointError
+from reference.kit.fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.rule("CKPT-1")

@@ -8,11 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.pipelines import FULL_PIPELINE, FakeBlock, FakeComponent, FakeVocoder, write_pipeline
-from fakes.platform import FakePlatform
 from reference.admission import DirectSupport, check_arguments
 from reference.args import ServerArgs, parse_args
 from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
+from reference.kit.fakes.pipelines import (
+    FULL_PIPELINE,
+    FakeBlock,
+    FakeComponent,
+    FakeVocoder,
+    write_pipeline,
+)
+from reference.kit.fakes.platform import FakePlatform
 from reference.load import loader_for
 from reference.loaders import VocoderLoader, loader_kind
 from reference.pipeline import ModelRegistry, is_transformer_component, read_pipeline
@@ -332,7 +338,7 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
 ) -> None:
     """`load_pipeline(folder, ServerArgs())` on a machine without CUDA loads on the CPU, as the
     command line does; nothing asks torch for a CUDA device."""
-    from fakes.pipelines import SMALL_PIPELINE
+    from reference.kit.fakes.pipelines import SMALL_PIPELINE
     from reference.load import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
@@ -348,8 +354,8 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
 def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload: bool) -> None:
     """A platform that claims CUDA where torch has none: torch's own error, wrapped naming the
     component and the cause, never reported as a state mismatch."""
-    from fakes.pipelines import SMALL_PIPELINE
     from reference.errors import ComponentLoadError
+    from reference.kit.fakes.pipelines import SMALL_PIPELINE
     from reference.load import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
-from fakes.platform import FakePlatform
 from reference import platform
 from reference.__main__ import main
+from reference.kit.fakes.platform import FakePlatform
 from reference.platform import Platform, SystemPlatform
 
 pytestmark = pytest.mark.internal

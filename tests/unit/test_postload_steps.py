@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.dit import TinyDiT, write_dit_checkpoint
-from fakes.layers import LINEAR_KINDS
-from fakes.quant import UnquantizedLinearMethod
 from reference import dit
 from reference.errors import QuantizationLoadError
+from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.quant import UnquantizedLinearMethod
 from reference.plan import CPU, WeightLoadPlan
 from reference.postload import effective_plan, process_weights
 from reference.quantization import QuantizationSpec

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakes.platform import FakePlatform
 from reference.checkpoint import Checkpoint
 from reference.errors import DeviceMemoryError
 from reference.header import TensorInfo
+from reference.kit.fakes.platform import FakePlatform
 from reference.preflight import check_device_memory
 
 GIB = 1024**3

@@ -1,8 +1,8 @@
 """VAE: meta construction and per-tensor streaming, judged by what a loader does.
 
-Refusals are judged by contract (`fakes.judge.refusal`: a ValueError, or the type a rule names,
+Refusals are judged by contract (`fakes/judge.py: refusal`: a ValueError, or the type a rule names,
 whose message names the offending entry), "nothing read before the refusal" and "no full state
-dict" by what the process shows (`fakes.evidence.DataReads`) on checkpoints of many MiB. The
+dict" by what the process shows (`fakes/evidence.py: DataReads`) on checkpoints of many MiB. The
 reference's own wording, error classes and reasons are pinned only in `reference_only` tests.
 """
 
@@ -16,12 +16,18 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from fakes.judge import assert_names, loaded_or_refused, refusal
-from fakes.load_paths import MODEL_CLASSES
-from fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
-from fakes.platform import FakePlatform
-from fakes.vae import (
+from reference.errors import (
+    ArgumentError,
+    ComponentCheckpointUnsupportedError,
+    StateDictABIError,
+    StateMismatchError,
+)
+from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
+from reference.kit.fakes.judge import assert_names, loaded_or_refused, refusal
+from reference.kit.fakes.load_paths import MODEL_CLASSES
+from reference.kit.fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
+from reference.kit.fakes.platform import FakePlatform
+from reference.kit.fakes.vae import (
     ABI_FUNCTIONS,
     HOOK_KINDS,
     CustomLoadVAE,
@@ -54,12 +60,10 @@ from fakes.vae import (
     with_inherited_override,
     with_user_hook,
 )
-from fakes.vae_checkpoints import UNKNOWN_NAME, write_defective_vae_checkpoint, write_vae_checkpoint
-from reference.errors import (
-    ArgumentError,
-    ComponentCheckpointUnsupportedError,
-    StateDictABIError,
-    StateMismatchError,
+from reference.kit.fakes.vae_checkpoints import (
+    UNKNOWN_NAME,
+    write_defective_vae_checkpoint,
+    write_vae_checkpoint,
 )
 from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
 from reference.quantization import QuantizationSpec
@@ -74,7 +78,8 @@ MiB = 1024**2
 # Python, torch and allocator bookkeeping a stream may add beside its tensors.
 SLACK = 8 * MiB
 SUBMODULES = ("decoder.block.conv1", "encoder.norm")  # a plain layer; one behind torch's override
-TORCH_LIKE = ("fakes.vae", "torchx.layers", "torch_ext")  # user code, also named like torch
+# User code, also named like torch.
+TORCH_LIKE = ("reference.kit.fakes.vae", "torchx.layers", "torch_ext")
 
 
 def _state(
@@ -868,7 +873,7 @@ def test_reference_refusal_of_unrebuildable_buffers_says_what_to_do(
 @pytest.mark.rule("VAE-1", "VAE-9")
 @pytest.mark.reference_only("the reference's own meta build")
 def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
-    from reference.vae import build_on_meta
+    from reference.modules import build_on_meta
 
     build = RecordingBuild(PlainBufferVAE)
     module = build_on_meta(build, component="vae")
@@ -883,14 +888,19 @@ def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
     assert tied.encoder.block.norm2.weight.is_meta
 
 
+REGISTER_BUFFER = vars(nn.Module)["register_buffer"]
+REGISTER_PARAMETER = vars(nn.Module)["register_parameter"]
+
+
 @pytest.mark.rule("VAE-1", "VAE-9")
 @pytest.mark.reference_only("the reference's own meta build")
 def test_reference_builds_on_meta_in_two_threads_at_once_and_leaves_others_alone() -> None:
     """Two builds running at the same moment in two threads each come out as a meta build
-    gives them; a module built meanwhile in a third thread, outside any build, is real."""
+    gives them; a module built meanwhile in a third thread, outside any build, is real; no
+    function of torch is replaced while they run."""
     import threading
 
-    from reference.vae import build_on_meta
+    from reference.modules import build_on_meta
 
     inside, both_inside = threading.Barrier(3), threading.Event()
     results: dict[str, nn.Module] = {}
@@ -911,6 +921,9 @@ def test_reference_builds_on_meta_in_two_threads_at_once_and_leaves_others_alone
         thread.start()
     inside.wait(timeout=30)
     outside = StandardVAE(CONFIG)  # built while both builds are active
+    # torch itself is unchanged while they run: the build uses torch's registration hooks.
+    assert vars(nn.Module)["register_buffer"] is REGISTER_BUFFER
+    assert vars(nn.Module)["register_parameter"] is REGISTER_PARAMETER
     both_inside.set()
     for thread in threads:
         thread.join(timeout=60)

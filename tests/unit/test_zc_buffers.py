@@ -18,14 +18,19 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from fakes.checkpoints import write_checkpoint
-from fakes.dit import DiTConfig, RotaryDiT, dit_state
-from fakes.evidence import safetensors_files
-from fakes.layers import LINEAR_KINDS
-from fakes.load_paths import MODEL_CLASSES, direct_device
-from fakes.pipelines import FakeComponent, PipelineRotaryDiT, PipelineVAE, write_pipeline
-from fakes.platform import FakePlatform
-from fakes.vae import StandardVAE, VAEConfig, randomized_state, split_state
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.dit import DiTConfig, RotaryDiT, dit_state
+from reference.kit.fakes.evidence import safetensors_files
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.load_paths import MODEL_CLASSES, direct_device
+from reference.kit.fakes.pipelines import (
+    FakeComponent,
+    PipelineRotaryDiT,
+    PipelineVAE,
+    write_pipeline,
+)
+from reference.kit.fakes.platform import FakePlatform
+from reference.kit.fakes.vae import StandardVAE, VAEConfig, randomized_state, split_state
 from reference.kit.seam import (
     DIRECT_DIT,
     PIPELINES,

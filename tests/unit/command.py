@@ -20,11 +20,12 @@ from pathlib import Path
 from types import ModuleType
 from unittest.mock import patch
 
+import reference
 from reference.__main__ import main
 from reference.pipeline import MODELS
 from reference.platform import SystemPlatform
 
-ROOT = Path(__file__).resolve().parents[1]  # the folder holding the reference and fakes packages
+ROOT = Path(reference.__file__).resolve().parents[1]  # the folder holding the reference package
 
 
 @dataclass(frozen=True)

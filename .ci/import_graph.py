@@ -1,0 +1,152 @@
+"""The lint tier's import-graph check: imports run one way and never in a circle.
+
+Layers, from the bottom:
+  loader    reference.* except those below: imports only the loader (and torch and friends);
+  kit       reference.kit.* (its fakes included, reached as reference.kit.fakes): the loader;
+  programs  reference.__main__, reference.demo, reference.bench.*: the loader and the kit;
+  tests     tests.*: anything.
+Every import counts, at module level or inside a function, because a lazy import is still a
+dependency. Shipped code never names the repository's top-level `fakes` or `tests` (the wheel
+installs neither). Exits 1 naming each offending import and each cycle; 0 prints a summary.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ("reference.__main__", "reference.demo", "reference.bench")
+
+
+def module_files() -> Iterator[tuple[str, Path]]:
+    """Every module of the project, named as it is imported (the fakes as reference.kit.fakes)."""
+    trees = {"reference": ROOT / "reference", "tests": ROOT / "tests"}
+    for top, folder in trees.items():
+        # rglob does not descend into reference/kit/fakes (a link), so the fakes come below.
+        for path in sorted(folder.rglob("*.py")):
+            yield dotted(top, path.relative_to(folder)), path
+    for path in sorted((ROOT / "fakes").rglob("*.py")):
+        yield dotted("reference.kit.fakes", path.relative_to(ROOT / "fakes")), path
+
+
+def dotted(top: str, relative: Path) -> str:
+    parts = [top, *relative.with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    if module == "tests" or module.startswith("tests."):
+        return "tests"
+    if any(module == p or module.startswith(p + ".") for p in PROGRAMS):
+        return "programs"
+    if module == "reference.kit" or module.startswith("reference.kit."):
+        return "kit"
+    return "loader"
+
+
+ALLOWED = {
+    "loader": {"loader"},
+    "kit": {"loader", "kit"},
+    "programs": {"loader", "kit", "programs"},
+    "tests": {"loader", "kit", "programs", "tests"},
+}
+
+
+def imports(module: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, module) for each project module that `module` imports."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                # `from reference import platform` imports the module reference.platform.
+                full = f"{base}.{alias.name}"
+                yield node.lineno, full if full in known else base
+
+
+def project(name: str, known: set[str]) -> str | None:
+    """The project module `name` resolves to, or None for a third-party import."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def main() -> int:
+    files = dict(module_files())
+    known = set(files)
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    problems: list[str] = []
+    for name, path in files.items():
+        where = path.relative_to(ROOT)
+        for line, imported in imports(name, path, known):
+            top = imported.split(".")[0]
+            if top in {"fakes", "tests"} and layer(name) != "tests":
+                problems.append(f"{where}:{line}: {name} imports {imported}; use reference.kit")
+                continue
+            target = project(imported, known)
+            if target is None or target == name:
+                continue
+            # A package's own __init__ is imported before any of its modules: not an edge.
+            if name.startswith(target + "."):
+                continue
+            graph[name].add(target)
+            if layer(target) not in ALLOWED[layer(name)]:
+                problems.append(
+                    f"{where}:{line}: {name} ({layer(name)}) imports {target} ({layer(target)});"
+                    f" the {layer(name)} may import only {', '.join(sorted(ALLOWED[layer(name)]))}"
+                )
+    for component in cycles(graph):
+        problems.append(f"import cycle: {' <-> '.join(component)}")
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 1
+    edges = sum(len(targets) for targets in graph.values())
+    print(f"import graph: {len(graph)} modules, {edges} imports, one way, no cycle")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

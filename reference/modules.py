@@ -1,0 +1,343 @@
+"""The one home of `nn.Module` introspection: the walk, the slots, the meta build, buffers.
+
+Both component loaders (`reference.dit`, `reference.vae`) build their module here and ask it the
+same questions, so neither imports the other:
+  * `walk` is the only loop over a module's parameters and buffers (every path, ties included);
+  * a `Slot` is one assignable entry (a parameter or a persistent buffer) under all its names;
+    `find_slots` groups the walk into slots and the alias names of tied entries;
+  * `build_on_meta` constructs a module with its parameters and persistent buffers on `meta`
+    while its non-persistent buffers keep the real values construction computes (VAE-1, VAE-9);
+  * `refuse_unrebuildable_buffers` and `rebuild_non_persistent_buffers` give the non-persistent
+    buffers their values after a load, or refuse before one (VAE-9).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_parameter_registration_hook,
+)
+from torch.nn.parameter import is_lazy
+from torch.utils.hooks import RemovableHandle
+
+from reference.errors import StateDictABIError
+
+__all__ = [
+    "REBUILD_HOOK",
+    "Entry",
+    "Slot",
+    "Slots",
+    "build_on_meta",
+    "find_slots",
+    "has_method",
+    "non_persistent_buffers",
+    "rebuild_non_persistent_buffers",
+    "refuse_unrebuildable_buffers",
+    "state_entries",
+    "walk",
+]
+
+REBUILD_HOOK = "rebuild_buffers"
+_REGISTER_BUFFER = nn.Module.register_buffer.__code__
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One tensor of a module under one of its names.
+
+    Attributes:
+        key: the full name (`decoder.conv_in.weight`).
+        owner: the submodule that holds it; `attr` is its name there (`weight`).
+        tensor: the tensor itself.
+        is_parameter: a parameter (else a buffer).
+        persistent: saved in the state dict (every parameter; buffers unless registered
+            with `persistent=False`).
+    """
+
+    key: str
+    owner: nn.Module
+    attr: str
+    tensor: torch.Tensor
+    is_parameter: bool
+    persistent: bool
+
+
+def walk(module: nn.Module) -> Iterator[Entry]:
+    """Every parameter and buffer of `module` under every name it has, in registration order.
+
+    Nothing is deduplicated: a submodule registered under two paths contributes its entries
+    once per path, and a tensor registered under two names appears under each.
+    """
+    for path, sub in module.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for attr, param in sub._parameters.items():
+            if param is not None:
+                yield Entry(prefix + attr, sub, attr, param, True, True)
+        for attr, buf in sub._buffers.items():
+            if buf is not None:
+                persistent = attr not in sub._non_persistent_buffers_set
+                yield Entry(prefix + attr, sub, attr, buf, False, persistent)
+
+
+def state_entries(module: nn.Module) -> list[Entry]:
+    """The entries a state dict holds: parameters and persistent buffers, every name."""
+    return [entry for entry in walk(module) if entry.persistent]
+
+
+def non_persistent_buffers(module: nn.Module) -> dict[str, Entry]:
+    """Every non-persistent buffer of `module` by full name (no checkpoint holds them)."""
+    return {entry.key: entry for entry in walk(module) if not entry.persistent}
+
+
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """One assignable entry of a module: a parameter or a persistent buffer, under all its names.
+
+    Attributes:
+        name: its first state-dict key.
+        tensor: the tensor as built (on meta its shape and dtype are known without any data).
+        places: every (owner, attribute) that holds it; more than one when it is tied.
+        is_parameter: a parameter (else a persistent buffer).
+    """
+
+    name: str
+    tensor: torch.Tensor
+    places: tuple[tuple[nn.Module, str], ...]
+    is_parameter: bool
+
+    @property
+    def owner(self) -> nn.Module:
+        return self.places[0][0]
+
+    @property
+    def attr(self) -> str:
+        return self.places[0][1]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    @property
+    def requires_grad(self) -> bool:
+        """The parameter's flag as built (False for buffers)."""
+        return self.is_parameter and bool(self.tensor.requires_grad)
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A module's slots by first name, and each tied alias name mapped to that first name."""
+
+    by_name: Mapping[str, Slot]
+    aliases: Mapping[str, str]
+
+
+def find_slots(module: nn.Module) -> Slots:
+    """Group the module's state entries into slots: one per tensor, however many names it has."""
+    names: dict[int, str] = {}
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    entries: dict[int, Entry] = {}
+    aliases: dict[str, str] = {}
+    for entry in state_entries(module):
+        key = id(entry.tensor)
+        first = names.setdefault(key, entry.key)
+        entries.setdefault(key, entry)
+        held = places.setdefault(key, [])
+        if all(o is not entry.owner or a != entry.attr for o, a in held):
+            held.append((entry.owner, entry.attr))
+        if first != entry.key:
+            aliases[entry.key] = first
+    slots = {
+        names[key]: Slot(names[key], entry.tensor, tuple(places[key]), entry.is_parameter)
+        for key, entry in entries.items()
+    }
+    return Slots(slots, aliases)
+
+
+class _MetaBuild:
+    """Sends parameters and persistent buffers to `meta` as a module registers them, in the
+    building thread only.
+
+    torch's own registration hooks do it (no torch function is replaced); they act only in a
+    context (thread) that is building, so a module constructed in another thread at the same
+    moment is built as usual. Everything else that construction computes (non-persistent
+    buffers: frequency tables, wavelet filters, index ranges) keeps its real values (VAE-9).
+    This is accelerate's `init_empty_weights(include_buffers=False)`, which diffusers' own
+    low-memory load uses (so every diffusers class builds under it), with persistent buffers
+    on meta too: the checkpoint fills them. One tensor registered under two names stays one
+    tensor (ties are kept for VAE-6).
+    """
+
+    active: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar(
+        "meta_build", default=None
+    )
+    lock = threading.Lock()
+    users = 0
+    hooks: tuple[RemovableHandle, ...] = ()
+
+    @classmethod
+    def to_meta(cls, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` on meta (same class, attributes, requires_grad), once per tensor."""
+        memo = cls.active.get()
+        if memo is None or tensor.is_meta or is_lazy(tensor):
+            return tensor
+        seen = memo.get(id(tensor))
+        if seen is None:
+            meta = torch.Tensor._make_subclass(
+                type(tensor), tensor.detach().to("meta"), tensor.requires_grad
+            )
+            meta.__dict__.update(tensor.__dict__)
+            try:
+                # In place: the caller's object itself goes to meta, so attributes it sets on
+                # that object after registering it (a layer's `weight_loader`) are kept.
+                torch.utils.swap_tensors(tensor, meta)  # type: ignore[no-untyped-call]
+                tensor, meta = meta, tensor
+            except RuntimeError:  # a view or weakly referenced tensor: register the meta copy
+                pass
+            # The original is kept so that its id is not reused while the build runs.
+            seen = memo[id(tensor)] = (tensor, meta)
+        return seen[1]
+
+    @classmethod
+    def on_parameter(cls, module: nn.Module, name: str, param: nn.Parameter) -> torch.Tensor:
+        return cls.to_meta(param)
+
+    @classmethod
+    def on_buffer(cls, module: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        # torch's buffer hook is not told whether the buffer is persistent; the registering
+        # call's own argument is. Where that call is not torch's register_buffer (another torch
+        # version), the buffer stays real here and `settle` sends it to meta if persistent.
+        caller = sys._getframe(1)
+        if caller.f_code is not _REGISTER_BUFFER or not caller.f_locals.get("persistent", True):
+            return tensor
+        return cls.to_meta(tensor)
+
+    @classmethod
+    @contextmanager
+    def building(cls) -> Iterator[None]:
+        with cls.lock:
+            if cls.users == 0:
+                cls.hooks = (
+                    register_module_parameter_registration_hook(cls.on_parameter),  # type: ignore[arg-type]
+                    register_module_buffer_registration_hook(cls.on_buffer),  # type: ignore[arg-type]
+                )
+            cls.users += 1
+        token = cls.active.set({})
+        try:
+            yield
+        finally:
+            cls.active.reset(token)
+            with cls.lock:
+                cls.users -= 1
+                if cls.users == 0:
+                    for hook in cls.hooks:
+                        hook.remove()
+
+    @classmethod
+    def settle(cls, module: nn.Module) -> None:
+        """Send to meta, in a build, what bypassed registration (a tensor assigned over an
+        existing buffer, or written into `_parameters` directly), keeping ties."""
+        for entry in list(walk(module)):
+            if entry.persistent:
+                store = entry.owner._parameters if entry.is_parameter else entry.owner._buffers
+                store[entry.attr] = cls.to_meta(entry.tensor)  # type: ignore[assignment]
+
+
+def build_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
+    """VAE-1, VAE-9: run `build()` with every parameter and persistent buffer on `meta`.
+
+    No parameter or persistent buffer storage is kept (each is sent to meta as it is
+    registered); non-persistent buffers are computed as an ordinary construction computes them,
+    so they hold their real values. Safe to call from several threads at once: each build is
+    seen only by its own thread, and torch itself is not changed.
+
+    Raises:
+        StateDictABIError: `build` did not return an `nn.Module`.
+    """
+    with _MetaBuild.building():
+        module = build()
+        if not isinstance(module, nn.Module):
+            raise StateDictABIError(
+                f"{component}: build() returned {type(module).__name__}, not an nn.Module;"
+                " pass the model class or a function that constructs it"
+            )
+        _MetaBuild.settle(module)
+    return module
+
+
+def has_method(module: nn.Module, name: str) -> bool:
+    # Looked up on the class: a submodule registered under that name is not a hook.
+    return callable(getattr(type(module), name, None))
+
+
+def refuse_unrebuildable_buffers(module: nn.Module, *, component: str) -> tuple[str, ...]:
+    """VAE-9: right after the meta build, refuse buffers that nothing will give a value.
+
+    A non-persistent buffer on `meta` is acceptable only when the submodule that owns it has a
+    `rebuild_buffers(device)` method; checked before any tensor data is read.
+
+    Returns:
+        The names of the non-persistent buffers the hooks will rebuild.
+
+    Raises:
+        StateDictABIError: naming every buffer on meta whose owner has no such method.
+    """
+    on_meta = {
+        name: entry.owner
+        for name, entry in non_persistent_buffers(module).items()
+        if entry.tensor.is_meta
+    }
+    orphans = sorted(name for name, sub in on_meta.items() if not has_method(sub, REBUILD_HOOK))
+    if orphans:
+        raise StateDictABIError(
+            f"{component}: non-persistent buffers {', '.join(orphans)} are on meta after the"
+            " meta build: construction made them from meta tensors, no checkpoint holds them,"
+            f" and their submodules have no {REBUILD_HOOK}(device) method to recompute them."
+            f" Drop the direct-loading flag for {component}, or give the owning submodule a"
+            f" {REBUILD_HOOK}(device) method"
+        )
+    return tuple(sorted(on_meta))
+
+
+def rebuild_non_persistent_buffers(
+    module: nn.Module, *, device: torch.device, component: str
+) -> tuple[str, ...]:
+    """VAE-9: give every non-persistent buffer its constructed value on `device`, or fail.
+
+    Calls `rebuild_buffers(device)` on each submodule that defines it, then moves the
+    non-persistent buffers (real since construction, or rebuilt) to `device`.
+
+    Returns:
+        The names of the non-persistent buffers, all real and on `device`.
+
+    Raises:
+        StateDictABIError: naming the buffers still on meta.
+    """
+    for sub in module.modules():
+        if has_method(sub, REBUILD_HOOK):
+            getattr(sub, REBUILD_HOOK)(device)
+    buffers = non_persistent_buffers(module)
+    on_meta = sorted(name for name, entry in buffers.items() if entry.tensor.is_meta)
+    if on_meta:
+        raise StateDictABIError(
+            f"{component}: non-persistent buffers {', '.join(on_meta)} are still on meta after"
+            f" the {REBUILD_HOOK}(device) methods ran; no checkpoint holds them. Make the"
+            f" method recompute every buffer it owns, or drop the direct-loading flag for"
+            f" {component}"
+        )
+    for entry in buffers.values():
+        # Read again: under a second path the owner's buffer may have moved already.
+        entry.owner._buffers[entry.attr] = entry.owner._buffers[entry.attr].to(device)  # type: ignore[union-attr]
+    return tuple(buffers)
