@@ -3,3 +3,5 @@
 Every fake is a working object passed in where the real thing would be, never a Mock standing in
 for the code under test.
 """
+
+__all__: list[str] = []

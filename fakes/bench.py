@@ -19,6 +19,23 @@ from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.layers import ColumnParallelLinear, RowParallelLinear
 from reference.kit.fakes.vae import StandardVAE, VAEConfig
 
+__all__ = [
+    "DIFFUSERS_HEAD_DIM",
+    "DIT_DTYPE",
+    "MAX_DIFFUSERS_HEADS",
+    "MAX_HIDDEN",
+    "MIB",
+    "MLP_RATIO",
+    "VAE_BYTES_PER_HIDDEN_SQUARED",
+    "BenchBlock",
+    "BenchDiT",
+    "BenchShapes",
+    "diffusers_dit_config",
+    "filled_state",
+    "write_bench_checkpoints",
+    "write_diffusers_bench",
+]
+
 MIB = 1024 * 1024
 DIT_DTYPE = torch.bfloat16
 MLP_RATIO = 4

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+__all__ = ["INDEX_NAME", "write_checkpoint"]
+
 INDEX_NAME = "model.safetensors.index.json"
 
 

@@ -8,7 +8,7 @@ corrupt, never for belonging to another model.
 Every instance is tracked weakly, so a test can prove that no model built by a failed load is
 still alive once the error is gone (CKPT-5). `while_building(hook)` runs a hook at the end of each
 construction: a test's stand-in for another process that cuts a shard while a load runs.
-Importing this module registers both classes in reference.pipeline.MODELS
+Both classes are in `MODEL_CLASSES`
 (`python -m reference load DIR --models reference.kit.fakes.corpus_models`).
 """
 
@@ -28,8 +28,18 @@ from torch import nn
 from reference.kit.fakes.layers import LINEAR_KINDS, ReplicatedLinear
 from reference.kit.fakes.pipelines import FakeComponent, write_pipeline
 from reference.kit.fakes.quant import quant_method_factory
-from reference.pipeline import MODELS
 from reference.quantization import QuantizationSpec
+
+__all__ = [
+    "CORPUS_PIPELINE",
+    "MODEL_CLASSES",
+    "CorpusDiT",
+    "CorpusVAE",
+    "corpus_pipeline",
+    "mark",
+    "survivors",
+    "while_building",
+]
 
 _SERIALS = itertools.count()
 _LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
@@ -104,9 +114,6 @@ class CorpusVAE(nn.Module):
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (CorpusDiT, CorpusVAE)}
 """The corpus pipelines' classes by name, handed to a loader through the seam."""
-
-for _cls in MODEL_CLASSES.values():  # for `python -m reference load DIR --models ...`
-    MODELS.register(_cls)
 
 CORPUS_PIPELINE = {
     "transformer": FakeComponent(CorpusDiT, seed=4),

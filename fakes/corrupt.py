@@ -18,6 +18,16 @@ import torch
 
 from reference.kit.fakes.checkpoints import write_checkpoint
 
+__all__ = [
+    "CASES",
+    "BadCheckpoint",
+    "join",
+    "object_with_pairs",
+    "small_state",
+    "split",
+    "write_bad_checkpoint",
+]
+
 
 @dataclass(frozen=True)
 class BadCheckpoint:

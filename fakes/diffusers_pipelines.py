@@ -33,6 +33,34 @@ from reference.kit.fakes.diffusers_vaes import (
 )
 from reference.kit.fakes.vae import randomized_state
 
+__all__ = [
+    "FLOW",
+    "FLUX_DIT",
+    "FLUX_PIPELINE",
+    "HUB_PIPELINES",
+    "HUNYUAN_DIT",
+    "HUNYUAN_PIPELINE",
+    "LTX_DIT",
+    "LTX_PIPELINE",
+    "PIXART_DIT",
+    "PIXART_PIPELINE",
+    "SANA_DIT",
+    "SANA_PIPELINE",
+    "SD3_DIT",
+    "SD3_PIPELINE",
+    "SHARD_SIZE",
+    "T5",
+    "WAN22_PIPELINE",
+    "WAN_DIT",
+    "WAN_PIPELINE",
+    "WIDTH",
+    "DiffusersDiT",
+    "HubPipeline",
+    "Inputs",
+    "write_diffusers_dit",
+    "write_hub_pipeline",
+]
+
 SHARD_SIZE = "100KB"
 """A `max_shard_size` that splits every tiny transformer and VAE below into several shards."""
 WIDTH = text_encoders.WIDTH

@@ -19,6 +19,20 @@ from torch import nn
 
 from reference.kit.fakes.vae import randomized_state
 
+__all__ = [
+    "IMAGE_DC",
+    "IMAGE_KL",
+    "IMAGE_TINY",
+    "SHARD_SIZE",
+    "VIDEO_COGVIDEOX",
+    "VIDEO_COSMOS",
+    "VIDEO_LTX",
+    "VIDEO_WAN",
+    "DiffusersVAE",
+    "write_diffusers_pipeline",
+    "write_diffusers_vae",
+]
+
 SHARD_SIZE = "20KB"
 """A `max_shard_size` that splits every tiny VAE below into several shards."""
 

@@ -32,6 +32,19 @@ from reference.kit.fakes.layers import (
 from reference.kit.fakes.quant import quant_method_factory, quantize_fp8
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "DiTBlock",
+    "DiTConfig",
+    "PlainDiT",
+    "RotaryDiT",
+    "TinyDiT",
+    "dit_state",
+    "random_state",
+    "rotary_freqs",
+    "write_dit_checkpoint",
+    "write_plain_dit_checkpoint",
+]
+
 
 @dataclass(frozen=True)
 class DiTConfig:

@@ -21,6 +21,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
+__all__ = [
+    "CLEAR_REFS",
+    "IO",
+    "RESET_PEAK",
+    "STATUS",
+    "DataReads",
+    "data_bytes",
+    "evidence_missing",
+    "safetensors_files",
+]
+
 IO = "/proc/self/io"
 STATUS = "/proc/self/status"
 CLEAR_REFS = "/proc/self/clear_refs"

@@ -17,6 +17,8 @@ import torch
 
 from reference.kit.fakes.evidence import safetensors_files
 
+__all__ = ["MAPS", "Position", "file_position", "mapped_files", "maps_missing", "tensor_positions"]
+
 MAPS = "/proc/self/maps"
 Position = tuple[str, int]  # (real path of a file, byte offset in it)
 

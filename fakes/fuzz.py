@@ -27,6 +27,25 @@ from hypothesis import strategies as st
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corrupt import object_with_pairs
 
+__all__ = [
+    "BAD_DTYPES",
+    "BAD_SHARD_NAMES",
+    "DTYPES",
+    "DTYPE_CODES",
+    "FUZZ_SETTINGS",
+    "PROFILE",
+    "Mutation",
+    "checkpoints",
+    "mutate",
+    "names",
+    "pack",
+    "pairs_or_none",
+    "same_meaning",
+    "split",
+    "tensors",
+    "write",
+]
+
 settings.register_profile(
     "unit",
     max_examples=100,

@@ -18,6 +18,8 @@ import pytest
 
 from reference.kit.failures import SeamViolation
 
+__all__ = ["Seal", "failure_of", "file_hash", "sealing"]
+
 
 def file_hash(path: Path) -> str:
     """SHA-256 of a file's bytes."""

@@ -16,6 +16,16 @@ import torch
 
 from reference.kit.failures import SeamViolation
 
+__all__ = [
+    "T",
+    "assert_names",
+    "chain",
+    "loaded_or_refused",
+    "loaded_or_skip",
+    "refusal",
+    "skip_cpu_runtime_without_the_setting",
+]
+
 T = TypeVar("T")
 
 

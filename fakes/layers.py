@@ -18,6 +18,16 @@ from torch import nn
 from reference.adopt import LinearKinds
 from reference.kit.fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 
+__all__ = [
+    "LINEAR_KINDS",
+    "ColumnParallelLinear",
+    "LinearBase",
+    "MergedColumnParallelLinear",
+    "ReplicatedLinear",
+    "RowParallelLinear",
+    "default_weight_loader",
+]
+
 
 def _rank_slice(
     tp_rank: int, param: torch.Tensor, loaded: torch.Tensor, dim_attribute: str

@@ -28,6 +28,19 @@ from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
 
+__all__ = [
+    "CAPABILITY",
+    "CHECKPOINT_PATHS",
+    "CPU",
+    "DIRECT_NEEDS_A_DEVICE",
+    "MODEL_CLASSES",
+    "PIPELINE_COMPONENTS",
+    "direct_device",
+    "load_checkpoint",
+    "load_component",
+    "sees_zc3",
+]
+
 CHECKPOINT_PATHS = ("dit-adopt", "dit-direct", "vae-stream")
 PIPELINE_COMPONENTS = ("transformer", "vae")
 CAPABILITY = {

@@ -18,6 +18,8 @@ import torch
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corrupt import small_state
 
+__all__ = ["PICKLE_CASES", "PickleCase", "Trap", "trap_state", "trip", "write_pickle_case"]
+
 
 def trip(marker: str) -> None:
     """What an unpickled trap runs: it leaves `marker` on disk."""

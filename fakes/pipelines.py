@@ -1,6 +1,6 @@
 """Pipeline folders written into a directory: model_index.json, one folder per component with
-config.json and real safetensors weights, and tiny model classes registered in the reference's
-model registry (reference.pipeline.MODELS) when this module is imported.
+config.json and real safetensors weights, and the tiny model classes they name (`MODEL_CLASSES`,
+what `--models reference.kit.fakes.pipelines` hands the command line).
 """
 
 from __future__ import annotations
@@ -18,8 +18,23 @@ from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.dit import DiTConfig, RotaryDiT, TinyDiT
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.vae import StandardVAE, VAEConfig
-from reference.pipeline import MODEL_INDEX, MODELS
+from reference.pipeline import MODEL_INDEX
 from reference.quantization import QuantizationSpec
+
+__all__ = [
+    "FULL_PIPELINE",
+    "MODEL_CLASSES",
+    "SMALL_PIPELINE",
+    "FakeBlock",
+    "FakeComponent",
+    "FakeVocoder",
+    "PipelineDiT",
+    "PipelineRotaryDiT",
+    "PipelineVAE",
+    "demo_pipeline",
+    "write_component",
+    "write_pipeline",
+]
 
 
 class FakeVocoder(nn.Module):
@@ -106,11 +121,8 @@ MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
     for cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineRotaryDiT, PipelineVAE)
 }
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
-(`load_pipeline_component(..., models=MODEL_CLASSES)`)."""
-
-# For `python -m reference load DIR --models reference.kit.fakes.pipelines`.
-for _cls in MODEL_CLASSES.values():
-    MODELS.register(_cls)
+(`load_pipeline_component(..., models=MODEL_CLASSES)`), and what
+`python -m reference load DIR --models reference.kit.fakes.pipelines` registers."""
 
 
 @dataclass(frozen=True)

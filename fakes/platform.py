@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["FakePlatform"]
+
 
 @dataclass(frozen=True)
 class FakePlatform:

@@ -17,6 +17,24 @@ from torch import nn
 
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "E8M0_BIAS",
+    "FP4_MAX",
+    "FP4_VALUES",
+    "FP8",
+    "FP8_MAX",
+    "LinearMethod",
+    "OnlineFp8LinearMethod",
+    "OnlineMxfp4LinearMethod",
+    "SerializedFp8LinearMethod",
+    "UnquantizedLinearMethod",
+    "dequantize_mxfp4",
+    "quant_method_factory",
+    "quantize_fp8",
+    "quantize_mxfp4",
+    "set_weight_attrs",
+]
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 # The magnitudes an FP4 E2M1 element can hold; the code of a magnitude is its index (+8 if < 0).

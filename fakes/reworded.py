@@ -27,6 +27,15 @@ from reference.errors import (
 from reference.kit.reference_adapter import ReferenceAdapter
 from reference.report import LoadReport
 
+__all__ = [
+    "DOCUMENTED",
+    "OWN_CLASSES",
+    "RewordedAdapter",
+    "reword",
+    "reworded_error",
+    "without_reasons",
+]
+
 # Types a rule or the adapter Protocol names: a reworded error stays an instance of them.
 DOCUMENTED: tuple[type[Exception], ...] = (
     ComponentCheckpointUnsupportedError,

@@ -13,6 +13,16 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+__all__ = [
+    "BUILDERS",
+    "SPECIAL",
+    "VOCAB_SIZE",
+    "WIDTH",
+    "build",
+    "clip_tokenizer",
+    "word_tokenizer",
+]
+
 VOCAB_SIZE = 32
 WIDTH = 32
 """Every encoder's hidden size: the width the tiny DiTs' text projections take."""

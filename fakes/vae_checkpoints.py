@@ -16,6 +16,14 @@ import torch
 
 from reference.kit.fakes.checkpoints import INDEX_NAME, write_checkpoint
 
+__all__ = [
+    "DEFECTS",
+    "UNKNOWN_NAME",
+    "DefectiveCheckpoint",
+    "write_defective_vae_checkpoint",
+    "write_vae_checkpoint",
+]
+
 DEFECTS = ("duplicate", "unknown", "missing", "wrong_shape", "dtype")
 UNKNOWN_NAME = "decoder.ghost.weight"
 

@@ -12,6 +12,8 @@ from reference.demo import demo
 from reference.kit.matrix import report_command
 from reference.rules import RULES
 
+__all__ = ["main", "rules"]
+
 
 def rules() -> int:
     """Print the rule catalogue."""

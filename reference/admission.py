@@ -39,6 +39,27 @@ from reference.pipeline import Pipeline, is_transformer_component
 from reference.platform import Platform
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "ADMISSION_RULES",
+    "ARGUMENTS",
+    "CCUE",
+    "LOADER",
+    "NO_DIRECT_SUPPORT",
+    "PIPELINE",
+    "AdmissionRule",
+    "Check",
+    "DirectRequest",
+    "DirectSupport",
+    "Facts",
+    "Gate",
+    "admit",
+    "check_arguments",
+    "check_loader",
+    "check_pipeline",
+    "direct_requests",
+    "rules_for",
+]
+
 Gate = Literal["pipeline", "arguments", "loader"]
 PIPELINE: Gate = "pipeline"
 ARGUMENTS: Gate = "arguments"

@@ -216,6 +216,11 @@ class TensorReader:
 
     A CPU tensor returned by `read` is a view into the map (no allocation, copy-on-write); for any
     other device the bytes are copied there from the map. The reader never builds a state dict.
+    It maps as safetensors' `safe_open` does (`UntypedStorage.from_file(shared=False)`), but keeps
+    the map itself: one storage per file that every tensor of the file views, dropped after each
+    read by `StreamingReader`, and a size check before each read that names the file and the
+    tensor. Where the headers are concerned, `tests/unit/test_safe_open_agreement.py` pins what
+    the project checks beyond `safe_open`.
 
     A file that shrank after its header was read is caught at each `read` (the file's size is
     checked before its bytes are touched). What cannot be defended: a file truncated while the

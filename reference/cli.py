@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +36,23 @@ from reference.extras import install_hint
 from reference.load import iter_load, not_loaded
 from reference.loaders import LoadedComponent
 from reference.memory import STATUS, PeakSampler, can_measure
-from reference.pipeline import MODELS, ModelRegistry, read_pipeline
+from reference.pipeline import MODEL_CLASSES, ModelRegistry, read_pipeline
 from reference.platform import SYSTEM, Platform
+
+__all__ = [
+    "DEBUG_FLAG",
+    "EXIT_INTERNAL",
+    "EXIT_REFUSED",
+    "HEADER",
+    "MEASURE_FLAG",
+    "MIB",
+    "Row",
+    "import_models",
+    "load_command",
+    "load_with_table",
+    "one_line",
+    "progress_bar",
+]
 
 MIB = 1024 * 1024
 HEADER = (
@@ -95,7 +110,7 @@ def load_with_table(
     root: Path,
     args: ServerArgs,
     *,
-    registry: ModelRegistry = MODELS,
+    registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
     measure: bool = False,
 ) -> list[Row]:
@@ -147,8 +162,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="MODULE",
         default=[],
-        help="import MODULE first, so that it registers your model classes with"
-        " reference.pipeline.MODELS.register (repeatable; default: none)",
+        help=f"import MODULE first and use the model classes of its {MODEL_CLASSES} mapping"
+        " (class name -> class; repeatable; default: none)",
     )
     parser.add_argument(
         MEASURE_FLAG,
@@ -163,20 +178,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def import_models(modules: Sequence[str]) -> None:
-    """Import each `--models` module (they register model classes when imported).
+def import_models(modules: Sequence[str]) -> ModelRegistry:
+    """The registry of the `--models` modules: each is imported and its `MODEL_CLASSES` (class
+    name -> class) registered, in order. Nothing is registered by importing alone.
 
     Raises:
-        ArgumentError: a module that cannot be imported, naming it.
+        ArgumentError: a module that cannot be imported, that defines no `MODEL_CLASSES`
+            mapping, or two modules giving one name to two classes, naming the module.
     """
-    for module in modules:
+    registry = ModelRegistry()
+    for name in modules:
         try:
-            importlib.import_module(module)
+            module = importlib.import_module(name)
         except ImportError as exc:
             raise ArgumentError(
-                f"--models {module}: cannot import it ({exc}); give an importable module that"
-                " registers model classes"
+                f"--models {name}: cannot import it ({exc}); give an importable module that"
+                f" defines {MODEL_CLASSES}"
             ) from None
+        classes = getattr(module, MODEL_CLASSES, None)
+        if not isinstance(classes, Mapping):
+            raise ArgumentError(
+                f"--models {name}: the module defines no {MODEL_CLASSES} mapping; add"
+                f' {MODEL_CLASSES} = {{"MyDiT": MyDiT}} naming each class model_index.json uses'
+            )
+        try:
+            for class_name, cls in classes.items():
+                registry.register(cls, name=class_name)
+        except ArgumentError as exc:
+            raise ArgumentError(f"--models {name}: {exc}") from None
+    return registry
 
 
 EXIT_REFUSED = 2
@@ -210,13 +240,15 @@ def load_command(
     try:
         args, rest = parse_args(argv)
         options = _parser().parse_args(rest)
-        import_models(options.models)
+        registry = import_models(options.models)
         if options.measure and not can_measure():
             raise ArgumentError(
                 f"{MEASURE_FLAG}: this system has no {STATUS} to sample memory from; drop the flag"
             )
         pipeline = read_pipeline(options.pipeline)
-        rows = load_with_table(options.pipeline, args, platform=platform, measure=options.measure)
+        rows = load_with_table(
+            options.pipeline, args, registry=registry, platform=platform, measure=options.measure
+        )
     except Exception as exc:  # every failure is one line; a traceback only when asked
         sys.stdout.flush()
         stream = errors or sys.stderr

@@ -29,6 +29,17 @@ from reference.memory import PeakSampler
 from reference.platform import SYSTEM, Platform
 from reference.vae import load_vae
 
+__all__ = [
+    "MODELS_FLAGS",
+    "MODES",
+    "demo",
+    "demo_folder",
+    "diffusers_pipeline",
+    "quiet_hub_libraries",
+    "stream_vae_on_cpu",
+    "warm_up",
+]
+
 # The demo's classes are fakes: the command imports the module that registers them.
 MODELS_FLAGS = ("--models", "reference.kit.fakes.pipelines", "--measure")
 MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -60,10 +71,15 @@ def stream_vae_on_cpu(root: Path) -> None:
 def warm_up(folder: Path, device: torch.device) -> None:
     """Load a tiny pipeline once, so torch's one-time initialisation (about a second and tens of
     MiB on first use) is not charged to the first mode's figures."""
-    from reference.kit.fakes.pipelines import SMALL_PIPELINE, write_pipeline
+    from reference.kit.fakes.pipelines import MODEL_CLASSES, SMALL_PIPELINE, write_pipeline
+    from reference.pipeline import ModelRegistry
 
     with PeakSampler() as sampler:
-        load_pipeline(write_pipeline(folder, SMALL_PIPELINE), ServerArgs(runtime_device=device))
+        load_pipeline(
+            write_pipeline(folder, SMALL_PIPELINE),
+            ServerArgs(runtime_device=device),
+            registry=ModelRegistry.of(MODEL_CLASSES),
+        )
     print(f"warm-up load excluded from the tables ({sampler.anon_growth / MIB:.0f} MiB anon)")
 
 

@@ -34,6 +34,22 @@ from reference.errors import CheckpointError
 from reference.extras import install_hint
 from reference.pipeline import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
 
+__all__ = [
+    "DIT_PACKAGE",
+    "LIBRARY",
+    "PLAIN_TORCH_KINDS",
+    "VAE_PACKAGE",
+    "NoStandardLinear",
+    "NoUnquantizedMethod",
+    "import_model_package",
+    "model_builder",
+    "model_class_names",
+    "resolve_dit_class",
+    "resolve_model_class",
+    "resolve_vae_class",
+    "vae_builder",
+]
+
 LIBRARY = "diffusers"
 VAE_PACKAGE = "diffusers.models.autoencoders"
 DIT_PACKAGE = "diffusers.models.transformers"

@@ -6,6 +6,19 @@ from a bug. Messages name the component, tensor, flag or file involved and say w
 
 from __future__ import annotations
 
+__all__ = [
+    "ArgumentError",
+    "CheckpointError",
+    "ComponentCheckpointUnsupportedError",
+    "ComponentLoadError",
+    "DeviceMemoryError",
+    "LoadError",
+    "PlanError",
+    "QuantizationLoadError",
+    "StateDictABIError",
+    "StateMismatchError",
+]
+
 
 class LoadError(Exception):
     """Base of every error the reference loader raises on purpose."""

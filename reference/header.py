@@ -22,6 +22,18 @@ import torch
 
 from reference.errors import CheckpointError
 
+__all__ = [
+    "DTYPES",
+    "MAX_HEADER_BYTES",
+    "PICKLE_SUFFIXES",
+    "ShardHeader",
+    "TensorInfo",
+    "checkpoint_error",
+    "load_json",
+    "read_header",
+    "refuse_pickle",
+]
+
 # The safetensors library's own bound (MAX_HEADER_SIZE, 100,000,000 bytes): a larger header is
 # refused as corrupt, so a file the library refuses is refused here too.
 MAX_HEADER_BYTES = 100_000_000

@@ -18,8 +18,10 @@ from reference.args import ServerArgs
 from reference.errors import LoadError
 from reference.loaders import ComponentLoader, LoadedComponent, VocoderLoader, loader_kind
 from reference.model_loaders import TransformerLoader, VAELoader
-from reference.pipeline import MODELS, ModelRegistry, Pipeline, read_pipeline
+from reference.pipeline import ModelRegistry, Pipeline, read_pipeline
 from reference.platform import SYSTEM, Platform
+
+__all__ = ["LOADERS", "iter_load", "load_pipeline", "loader_for", "not_loaded"]
 
 LOADERS: dict[str, type[ComponentLoader]] = {
     "transformer": TransformerLoader,
@@ -30,7 +32,7 @@ LOADERS: dict[str, type[ComponentLoader]] = {
 
 
 def loader_for(
-    component: str, *, registry: ModelRegistry = MODELS, platform: Platform = SYSTEM
+    component: str, *, registry: ModelRegistry | None = None, platform: Platform = SYSTEM
 ) -> ComponentLoader:
     """A loader instance for `component`.
 
@@ -45,7 +47,7 @@ def iter_load(
     args: ServerArgs,
     *,
     components: Sequence[str] | None = None,
-    registry: ModelRegistry = MODELS,
+    registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
 ) -> Iterator[LoadedComponent]:
     """`load_pipeline`, one component at a time.
@@ -95,7 +97,7 @@ def load_pipeline(
     args: ServerArgs,
     *,
     components: Sequence[str] | None = None,
-    registry: ModelRegistry = MODELS,
+    registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
 ) -> tuple[LoadedComponent, ...]:
     """Admit `args` for the pipeline at `root`, then load its components in declared order.

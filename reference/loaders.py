@@ -37,7 +37,6 @@ from reference.errors import (
 )
 from reference.pipeline import (
     CONFIG,
-    MODELS,
     ComponentSpec,
     ModelRegistry,
     is_transformer_component,
@@ -46,6 +45,21 @@ from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.platform import SYSTEM, Platform
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 from reference.report import LoadReport, TensorRecord
+
+__all__ = [
+    "DIRECT_SUPPORT",
+    "TRANSFORMER_DIRECT_SUPPORT",
+    "VAE_DIRECT_SUPPORT",
+    "VOCODER_DIRECT_SUPPORT",
+    "ComponentLoader",
+    "LoadRequest",
+    "LoadedComponent",
+    "VocoderLoader",
+    "build_module",
+    "load_ordinarily",
+    "load_state_ordinarily",
+    "loader_kind",
+]
 
 # Declared support per loader kind (ADM-3). Loader classes point at these same values.
 TRANSFORMER_DIRECT_SUPPORT = DirectSupport(dit_flag=True)
@@ -113,8 +127,10 @@ class ComponentLoader(ABC):
     direct_support: ClassVar[DirectSupport] = NO_DIRECT_SUPPORT
     supports_fsdp: ClassVar[bool] = False
 
-    def __init__(self, *, registry: ModelRegistry = MODELS, platform: Platform = SYSTEM) -> None:
-        self.registry = registry
+    def __init__(
+        self, *, registry: ModelRegistry | None = None, platform: Platform = SYSTEM
+    ) -> None:
+        self.registry = registry if registry is not None else ModelRegistry()
         self.platform = platform
 
     def supports_direct(self, component: str) -> bool:

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
+__all__ = ["STATUS", "PeakSampler", "Resident", "can_measure", "resident"]
+
 STATUS = "/proc/self/status"
 
 

@@ -30,11 +30,19 @@ from reference.loaders import (
     build_module,
     load_ordinarily,
 )
-from reference.pipeline import MODELS, ComponentSpec, ModelRegistry
+from reference.pipeline import ComponentSpec, ModelRegistry
 from reference.platform import SYSTEM, Platform
 from reference.quantization import QuantizationSpec
 from reference.report import TensorRecord
 from reference.vae import load_vae
+
+__all__ = [
+    "DiTModel",
+    "TransformerLoader",
+    "VAELoader",
+    "check_direct_memory",
+    "takes_quantization",
+]
 
 
 def check_direct_memory(request: LoadRequest, platform: Platform) -> None:
@@ -88,7 +96,7 @@ class TransformerLoader(ComponentLoader):
     def __init__(
         self,
         *,
-        registry: ModelRegistry = MODELS,
+        registry: ModelRegistry | None = None,
         platform: Platform = SYSTEM,
         kinds: LinearKinds | None = None,
     ) -> None:

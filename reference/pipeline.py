@@ -10,7 +10,8 @@ Layout (the Diffusers convention, as a diffusers pipeline's own `save_pretrained
       <component>/*.safetensors  the weights, one file or shards with an index
 
 Parsing reads `model_index.json` and each component's `config.json`, never weights. Model classes
-are resolved by name through a `ModelRegistry` that callers (and the fakes) fill; nothing is
+are resolved by name through a `ModelRegistry`, a value the caller builds and passes in (the
+command line builds it from the `MODEL_CLASSES` of each `--models` module); nothing is
 imported by the name a config gives, so no code runs from a checkpoint. (A DiT or VAE whose entry
 names the `diffusers` library is looked up among diffusers' own model classes instead; see
 reference.diffusers_models.)
@@ -31,7 +32,22 @@ from torch import nn
 from reference.errors import ArgumentError, CheckpointError
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "CONFIG",
+    "MODEL_CLASSES",
+    "MODEL_INDEX",
+    "QUANTIZATION_CONFIG",
+    "ComponentSpec",
+    "ModelRegistry",
+    "Pipeline",
+    "is_component_entry",
+    "is_transformer_component",
+    "read_pipeline",
+]
+
 MODEL_INDEX = "model_index.json"
+MODEL_CLASSES = "MODEL_CLASSES"
+"""The attribute a `--models` module defines: a mapping of class names to model classes."""
 CONFIG = "config.json"
 QUANTIZATION_CONFIG = "quantization_config"
 
@@ -264,14 +280,13 @@ class ModelRegistry:
         """Registered class names, sorted."""
         return tuple(sorted(self._classes))
 
-    def snapshot(self) -> dict[str, type[nn.Module]]:
-        """A copy of the registrations, class by name, for `restore`."""
-        return dict(self._classes)
-
-    def restore(self, snapshot: Mapping[str, type[nn.Module]]) -> None:
-        """Make the registrations exactly `snapshot`: `{}` empties the registry, as a new
-        interpreter has it (a command run twice in one process starts the same way)."""
-        self._classes = dict(snapshot)
+    @classmethod
+    def of(cls, classes: Mapping[str, type[nn.Module]]) -> ModelRegistry:
+        """A registry holding `classes` (class name -> class)."""
+        registry = cls()
+        for name, model in classes.items():
+            registry.register(model, name=name)
+        return registry
 
     def resolve(
         self, class_name: str, *, component: ComponentSpec | None = None
@@ -299,11 +314,7 @@ class ModelRegistry:
                 f"model class {class_name!r} is not registered (registered:"
                 f" {', '.join(self.names()) or 'none'}). A class of the diffusers library loads"
                 ' when model_index.json names it as ["diffusers", "<Class>"] (install the'
-                " [diffusers] extra); for your own class, pass --models MODULE, a module that"
-                " calls reference.pipeline.MODELS.register(YourClass) when imported",
+                " [diffusers] extra); for your own class, pass --models MODULE, a module whose"
+                f" {MODEL_CLASSES!r} maps class names to classes",
             )
         return cls
-
-
-MODELS = ModelRegistry()
-"""The reference's registry. Model code (and the fakes) register their classes here."""

@@ -12,6 +12,8 @@ import torch
 from reference.errors import PlanError
 from reference.quantization import QuantizationSpec
 
+__all__ = ["CPU", "WeightLoadPlan", "resolve_checkpoint_load_device"]
+
 CPU = torch.device("cpu")
 
 

@@ -14,6 +14,8 @@ import torch
 
 from reference.errors import ArgumentError
 
+__all__ = ["SYSTEM", "Platform", "SystemPlatform", "default_runtime_device", "describe"]
+
 
 @runtime_checkable
 class Platform(Protocol):

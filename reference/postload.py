@@ -19,6 +19,15 @@ from reference.errors import QuantizationLoadError
 from reference.plan import CPU, WeightLoadPlan
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "MODELOPT_FP8_METHODS",
+    "OffloadOptions",
+    "effective_plan",
+    "offload_for_quantization",
+    "offload_to_cpu",
+    "process_weights",
+]
+
 # Pre-serialized ModelOpt-style FP8 checkpoints keep their own offload rule (FP8-3).
 MODELOPT_FP8_METHODS = frozenset({"modelopt_fp8"})
 

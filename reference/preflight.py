@@ -14,6 +14,14 @@ from reference.checkpoint import Checkpoint
 from reference.errors import DeviceMemoryError
 from reference.platform import Platform
 
+__all__ = [
+    "MARGIN_FRACTION",
+    "MIN_MARGIN_BYTES",
+    "check_device_memory",
+    "device_memory_margin",
+    "required_device_bytes",
+]
+
 MARGIN_FRACTION = 0.05
 MIN_MARGIN_BYTES = 256 * 1024**2
 

@@ -12,6 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+__all__ = [
+    "BEYOND",
+    "BY_ID",
+    "MUST",
+    "RULES",
+    "SHOULD",
+    "UPSTREAM",
+    "Level",
+    "Origin",
+    "Rule",
+    "get",
+]
+
 Level = Literal["MUST", "SHOULD"]
 Origin = Literal["upstream", "beyond"]
 
@@ -30,230 +43,327 @@ class Rule:
         return self.id.split("-", 1)[0]
 
 
-M: Level = "MUST"
-S: Level = "SHOULD"
-U: Origin = "upstream"
-B: Origin = "beyond"
+MUST: Level = "MUST"
+SHOULD: Level = "SHOULD"
+UPSTREAM: Origin = "upstream"  # the design notes' upstream change pins it
+BEYOND: Origin = "beyond"  # the contract adds it beyond upstream
 
 RULES: tuple[Rule, ...] = (
     # PLAN: the weight-load plan
-    Rule("PLAN-1", M, U, "A plan is a frozen value, fixed per component before any byte is read"),
-    Rule("PLAN-2", M, U, "for_component derives post-process device and deferral from its inputs"),
-    Rule("PLAN-3", M, B, "Self-contradictory plans are refused when constructed"),
-    Rule("PLAN-4", M, U, "No plan given means the default plan: runtime device, all flags off"),
+    Rule(
+        "PLAN-1",
+        MUST,
+        UPSTREAM,
+        "A plan is a frozen value, fixed per component before any byte is read",
+    ),
+    Rule(
+        "PLAN-2",
+        MUST,
+        UPSTREAM,
+        "for_component derives post-process device and deferral from its inputs",
+    ),
+    Rule("PLAN-3", MUST, BEYOND, "Self-contradictory plans are refused when constructed"),
+    Rule(
+        "PLAN-4",
+        MUST,
+        UPSTREAM,
+        "No plan given means the default plan: runtime device, all flags off",
+    ),
     # DEV: where the checkpoint lands
-    Rule("DEV-1", M, U, "Offloaded unquantized components load their checkpoint on CPU"),
+    Rule("DEV-1", MUST, UPSTREAM, "Offloaded unquantized components load their checkpoint on CPU"),
     Rule(
         "DEV-2",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Quantized components stay on the runtime device unless the method loads on CPU",
     ),
-    Rule("DEV-3", M, U, "All four offload x quantized combinations are pinned"),
+    Rule("DEV-3", MUST, UPSTREAM, "All four offload x quantized combinations are pinned"),
     # ZC: zero-copy adoption of CPU checkpoint tensors
-    Rule("ZC-1", M, U, "With a weight_loader, adoption needs the checkpoint tensor on CPU"),
-    Rule("ZC-2", M, U, "Adoption needs a bound-method weight_loader on the parameter"),
+    Rule(
+        "ZC-1", MUST, UPSTREAM, "With a weight_loader, adoption needs the checkpoint tensor on CPU"
+    ),
+    Rule("ZC-2", MUST, UPSTREAM, "Adoption needs a bound-method weight_loader on the parameter"),
     Rule(
         "ZC-2b",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Without weight_loader the tensor is taken directly in any mode: adopted or converted",
     ),
     Rule(
         "ZC-2c",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "...adopted only as an exact Parameter, no special flag, same layout and strides",
     ),
-    Rule("ZC-3", M, U, "Adoption needs a standard linear owner using its own weight loader"),
-    Rule("ZC-4", M, U, "Adoption needs the owner's quant method to be the unquantized one"),
-    Rule("ZC-5", M, U, "Adoption needs tp_size == 1 (read at call time) for parallel owners"),
-    Rule("ZC-6", M, U, "Adoption needs the parameter's type to be exactly nn.Parameter"),
+    Rule(
+        "ZC-3", MUST, UPSTREAM, "Adoption needs a standard linear owner using its own weight loader"
+    ),
+    Rule(
+        "ZC-4", MUST, UPSTREAM, "Adoption needs the owner's quant method to be the unquantized one"
+    ),
+    Rule(
+        "ZC-5",
+        MUST,
+        UPSTREAM,
+        "Adoption needs tp_size == 1 (read at call time) for parallel owners",
+    ),
+    Rule("ZC-6", MUST, UPSTREAM, "Adoption needs the parameter's type to be exactly nn.Parameter"),
     Rule(
         "ZC-7",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Adoption is refused for is_metadata / is_sharded_weight / needs_scalar_to_array",
     ),
-    Rule("ZC-8", M, U, "Adoption needs equal shape, dtype, layout and strides"),
+    Rule("ZC-8", MUST, UPSTREAM, "Adoption needs equal shape, dtype, layout and strides"),
     Rule(
         "ZC-9",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "An adopted parameter keeps its attributes, has requires_grad False, equals the file",
     ),
     Rule(
         "ZC-10",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Refused tensors are copied by the layer's own weight_loader; its asserts are named",
     ),
-    Rule("ZC-11", M, U, "Parameters without weight_loader take the tensor as is after conversion"),
-    Rule("ZC-12", M, B, "Adopted parameters never alias each other unless the model ties them"),
-    Rule("ZC-13", M, B, "Writing to an adopted parameter never changes the checkpoint file"),
     Rule(
-        "ZC-14", S, B, "The load report counts adopted vs copied and names each refusal's condition"
+        "ZC-11",
+        MUST,
+        UPSTREAM,
+        "Parameters without weight_loader take the tensor as is after conversion",
+    ),
+    Rule(
+        "ZC-12",
+        MUST,
+        BEYOND,
+        "Adopted parameters never alias each other unless the model ties them",
+    ),
+    Rule(
+        "ZC-13", MUST, BEYOND, "Writing to an adopted parameter never changes the checkpoint file"
+    ),
+    Rule(
+        "ZC-14",
+        SHOULD,
+        BEYOND,
+        "The load report counts adopted vs copied and names each refusal's condition",
     ),
     Rule(
         "ZC-15",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "Buffers stay buffers: persistent ones hold the checkpoint, others their constructed value",
     ),
     # DG: opt-in direct-GPU loading of the DiT
     Rule(
         "DG-1",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "--direct-gpu-weight-loading is off by default; bare/true/false parse; else error",
     ),
-    Rule("DG-2", M, U, "Direct DiT loading needs CUDA, residency, no FSDP and tp_size 1"),
+    Rule("DG-2", MUST, UPSTREAM, "Direct DiT loading needs CUDA, residency, no FSDP and tp_size 1"),
     Rule(
         "DG-3",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Direct DiT loading of a quantized DiT is refused before any tensor data is read",
     ),
     Rule(
         "DG-3b",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "...at admission, with the no-fallback error, naming the component",
     ),
-    Rule("DG-4", M, U, "Direct mode loads on the runtime device, skipping the CPU pre-read"),
     Rule(
-        "DG-5", M, B, "Direct mode adopts eligible device tensors: peak <= model + largest tensor"
+        "DG-4", MUST, UPSTREAM, "Direct mode loads on the runtime device, skipping the CPU pre-read"
     ),
-    Rule("DG-6", S, B, "Direct mode checks free device memory before any byte moves"),
-    Rule("DG-7", M, B, "The DiT flag covers, and checks residency of, every transformer component"),
+    Rule(
+        "DG-5",
+        MUST,
+        BEYOND,
+        "Direct mode adopts eligible device tensors: peak <= model + largest tensor",
+    ),
+    Rule("DG-6", SHOULD, BEYOND, "Direct mode checks free device memory before any byte moves"),
+    Rule(
+        "DG-7",
+        MUST,
+        BEYOND,
+        "The DiT flag covers, and checks residency of, every transformer component",
+    ),
     # FP8: online quantization and deferred CPU offload
     Rule(
         "FP8-1",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Online fp8/mxfp4 need device weight processing; None and plain serialized do not",
     ),
     Rule(
         "FP8-2",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Offloaded components needing processing: load -> process on device -> offload",
     ),
     Rule(
         "FP8-3",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Online FP8 keeps CPU offload (deferred); serialized ModelOpt FP8 disables it",
     ),
     Rule(
-        "FP8-4", M, U, "With FSDP the post-process override is dropped with a warning; no deferral"
+        "FP8-4",
+        MUST,
+        UPSTREAM,
+        "With FSDP the post-process override is dropped with a warning; no deferral",
     ),
-    Rule("FP8-5", M, U, "A failed quantized load raises; never an unquantized fallback"),
-    Rule("FP8-6", M, B, "After deferral every tensor is on CPU with processed values bit-exact"),
+    Rule("FP8-5", MUST, UPSTREAM, "A failed quantized load raises; never an unquantized fallback"),
+    Rule(
+        "FP8-6",
+        MUST,
+        BEYOND,
+        "After deferral every tensor is on CPU with processed values bit-exact",
+    ),
     # ARGS: command line and server arguments
     Rule(
         "ARGS-1",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "--component-direct-gpu-weight-loading.<name> parses in every documented form",
     ),
     Rule(
         "ARGS-2",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "Bad values, empty names and conflicting spellings are errors naming the flag",
     ),
-    Rule("ARGS-3", M, U, "Unrelated arguments are left untouched and in order"),
-    Rule("ARGS-4", M, U, "Programmatic construction validates names and real bools"),
+    Rule("ARGS-3", MUST, UPSTREAM, "Unrelated arguments are left untouched and in order"),
+    Rule("ARGS-4", MUST, UPSTREAM, "Programmatic construction validates names and real bools"),
     Rule(
         "ARGS-5",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "should_direct_gpu_weight_load_component: exact normalised name, false by default",
     ),
     # ADM: three-layer admission
     Rule(
         "ADM-1",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Pipeline gate: selected components must be declared; all unknown ones listed",
     ),
-    Rule("ADM-2", M, U, "Arguments gate: a selected component needs CUDA and residency"),
-    Rule("ADM-3", M, U, "Loader gate: unsupported requests refused first thing in load()"),
-    Rule("ADM-4", S, B, "One rule table serves all three gates"),
-    Rule("ADM-5", M, U, "The no-fallback error is a ValueError that no fallback path catches"),
-    Rule("ADM-6", M, U, "With no flag set every component loads as it would without the feature"),
+    Rule("ADM-2", MUST, UPSTREAM, "Arguments gate: a selected component needs CUDA and residency"),
+    Rule(
+        "ADM-3", MUST, UPSTREAM, "Loader gate: unsupported requests refused first thing in load()"
+    ),
+    Rule("ADM-4", SHOULD, BEYOND, "One rule table serves all three gates"),
+    Rule(
+        "ADM-5",
+        MUST,
+        UPSTREAM,
+        "The no-fallback error is a ValueError that no fallback path catches",
+    ),
+    Rule(
+        "ADM-6",
+        MUST,
+        UPSTREAM,
+        "With no flag set every component loads as it would without the feature",
+    ),
     # VAE: meta construction and per-tensor streaming
     Rule(
         "VAE-1",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Direct VAE: built on meta, streamed tensor by tensor, no full CPU state dict",
     ),
-    Rule("VAE-2", M, U, "The state-dict functions must be torch.nn.Module's own (identity check)"),
+    Rule(
+        "VAE-2",
+        MUST,
+        UPSTREAM,
+        "The state-dict functions must be torch.nn.Module's own (identity check)",
+    ),
     Rule(
         "VAE-3",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "The ABI check covers every submodule and user hooks; torch's own count as standard",
     ),
-    Rule("VAE-4", M, U, "Slots are parameters and persistent buffers only"),
-    Rule("VAE-4b", M, B, "A lazy parameter or buffer is refused by name before any data is read"),
-    Rule("VAE-5", M, U, "State-dict keys must equal the slots; the error lists the difference"),
-    Rule("VAE-6", M, U, "Tied parameters or buffers are refused, naming them"),
+    Rule("VAE-4", MUST, UPSTREAM, "Slots are parameters and persistent buffers only"),
     Rule(
-        "VAE-7", M, U, "Duplicate, unknown and wrong-shape tensors refused by name; dtype converted"
+        "VAE-4b",
+        MUST,
+        BEYOND,
+        "A lazy parameter or buffer is refused by name before any data is read",
     ),
-    Rule("VAE-8", M, U, "Missing slots are refused (listed); nothing is left on meta"),
+    Rule(
+        "VAE-5",
+        MUST,
+        UPSTREAM,
+        "State-dict keys must equal the slots; the error lists the difference",
+    ),
+    Rule("VAE-6", MUST, UPSTREAM, "Tied parameters or buffers are refused, naming them"),
+    Rule(
+        "VAE-7",
+        MUST,
+        UPSTREAM,
+        "Duplicate, unknown and wrong-shape tensors refused by name; dtype converted",
+    ),
+    Rule("VAE-8", MUST, UPSTREAM, "Missing slots are refused (listed); nothing is left on meta"),
     Rule(
         "VAE-9",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "Non-persistent buffers are real after a direct load, or the load fails naming them",
     ),
     Rule(
         "VAE-10",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "requires_grad as the loader's ordinary path gives it; integer and float8 never",
     ),
     Rule(
         "VAE-11",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "channels_last_3d and decode dtype apply to streamed modules as to ordinary ones",
     ),
     Rule(
         "VAE-12",
-        M,
-        U,
+        MUST,
+        UPSTREAM,
         "Quantized VAE checkpoints and custom-code auto_map are refused in direct mode",
     ),
     Rule(
         "VAE-12b",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "...also when the quantization is declared only in the safetensors __metadata__",
     ),
-    Rule("VAE-13", M, U, "The CPU target branch works as well as the CUDA branch"),
+    Rule("VAE-13", MUST, UPSTREAM, "The CPU target branch works as well as the CUDA branch"),
     # CKPT: checkpoints and bad input
-    Rule("CKPT-1", M, B, "Only safetensors is read; nothing from a checkpoint executes"),
-    Rule("CKPT-2", M, B, "Sharded checkpoints load; index and shards must agree"),
+    Rule("CKPT-1", MUST, BEYOND, "Only safetensors is read; nothing from a checkpoint executes"),
+    Rule("CKPT-2", MUST, BEYOND, "Sharded checkpoints load; index and shards must agree"),
     Rule(
-        "CKPT-3", M, B, "Header names, shapes and dtypes are checked before any tensor data is read"
+        "CKPT-3",
+        MUST,
+        BEYOND,
+        "Header names, shapes and dtypes are checked before any tensor data is read",
     ),
     Rule(
         "CKPT-4",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "Corrupt input is a clear error naming file and entry; never a crash or hang",
     ),
-    Rule("CKPT-5", M, B, "load() returns a complete component or raises; files are never written"),
+    Rule(
+        "CKPT-5",
+        MUST,
+        BEYOND,
+        "load() returns a complete component or raises; files are never written",
+    ),
     # OUT: what a load returns
     Rule(
         "OUT-1",
-        M,
-        B,
+        MUST,
+        BEYOND,
         "A loaded DiT or VAE is ready for inference on every path: eval mode, nothing on meta",
     ),
 )

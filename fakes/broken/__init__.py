@@ -97,6 +97,8 @@ from reference.kit.fakes.broken.zero_copy import (
     TrustsUnboundLoaders,
 )
 
+__all__ = ["BROKEN", "CORRECT"]
+
 BROKEN: tuple[type[BrokenAdapter], ...] = (
     # plans and placement
     MutablePlans,

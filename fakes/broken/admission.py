@@ -27,6 +27,33 @@ from reference.pipeline import read_pipeline
 from reference.platform import Platform
 from reference.quantization import QuantizationSpec
 
+__all__ = [
+    "AdmitsOneFlagAtATime",
+    "AllowsFsdpWithDirectDit",
+    "CaseFoldingArgs",
+    "CaseInsensitiveSelection",
+    "CaseSensitiveComponentValues",
+    "ChecksOnlyTheDitAgainstThePlatform",
+    "ChecksOnlyTheMainTransformer",
+    "CoercesConstructionValues",
+    "IgnoresCheckpointQuantization",
+    "IgnoresUnsupportedRequests",
+    "LenientDitFlag",
+    "MaybeMeansTrue",
+    "NoMemoryMargin",
+    "ParsesPastDoubleDash",
+    "PutsPositionalsFirst",
+    "ReadsBeforeRefusingQuantizedDirect",
+    "StreamsVaesByDefault",
+    "as_true_unless_false",
+    "case_folding",
+    "quantized_components",
+    "spellings",
+    "truthy",
+    "values_given",
+    "without_selections",
+]
+
 
 def spellings(flag: str) -> tuple[str, str]:
     return flag, "--" + flag[2:].replace("-", "_")

@@ -17,6 +17,8 @@ import torch
 
 from reference.kit.reference_adapter import ReferenceAdapter
 
+__all__ = ["DIRECT_MODE", "BrokenAdapter", "clone_parameter"]
+
 # Why rules other than the broken one fail too: tests that pin several rules at once.
 DIRECT_MODE = "the direct-mode cases of the zero-copy truth table pin DG-5 (ZC-2..8 on the device)"
 

@@ -11,6 +11,8 @@ from safetensors import safe_open
 from reference.header import DTYPES, PICKLE_SUFFIXES, read_header
 from reference.kit.fakes.broken.base import BrokenAdapter
 
+__all__ = ["IgnoresShardIndex", "SafetensorsLibraryErrors", "UnpicklesLegacyCheckpoints"]
+
 
 def _path(path: str | os.PathLike[str]) -> Path:
     return Path(path)

@@ -24,6 +24,33 @@ from reference.postload import offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 
+__all__ = [
+    "AdoptsSharedBytesTwice",
+    "BuffersBecomeParameters",
+    "CopiesWithoutWeightLoader",
+    "CpuPreReader",
+    "DiTDefect",
+    "FallsBackToUnquantized",
+    "IgnoresFsdp",
+    "KeepsCheckpointDtype",
+    "LeavesAdoptedTrainable",
+    "LeavesDitTraining",
+    "LosesAdoptedAttributes",
+    "MapsCheckpointShared",
+    "NeverClashes",
+    "OffloadsBeforeProcessing",
+    "PreReadsDirectCheckpoint",
+    "PreconvertsForWeightLoader",
+    "ReadsBeforeChecking",
+    "UpcastsOnOffload",
+    "copy_converted_first",
+    "copy_ignoring_weight_loader",
+    "copy_keeping_dtype",
+    "no_preflight",
+    "offload_as_float32",
+    "reference_copy",
+]
+
 reference_copy = copy_to_fresh
 
 

@@ -11,6 +11,20 @@ from reference.plan import CPU, WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import ONLINE_DEVICE_METHODS, QuantizationSpec
 
+__all__ = [
+    "DefaultPlanOnCpu",
+    "DefersResidentComponents",
+    "DisablesOffloadForOnlineFp8",
+    "IgnoresCpuLoadDeclaration",
+    "LoadsOffloadedQuantizedOnCpu",
+    "MutablePlan",
+    "MutablePlans",
+    "NeverLoadsOnCpu",
+    "ProcessesSerializedCheckpoints",
+    "UncheckedPlan",
+    "UnvalidatedPlans",
+]
+
 
 class MutablePlan(WeightLoadPlan):
     """A plan whose fields can be reassigned after it was resolved."""

@@ -7,6 +7,8 @@ import torch
 
 from reference.checkpoint import Checkpoint, TensorReader
 
+__all__ = ["SharedMapReader", "WholeFileReader"]
+
 
 class WholeFileReader(TensorReader):
     """Reads every file whole onto CPU first (a full CPU state dict), then hands out its tensors."""

@@ -23,6 +23,36 @@ from reference.report import LoadReport, TensorRecord
 from reference.stream import StreamPlan, fill_slot, grad_allowed, preflight, stream
 from reference.vae import VAESteps
 
+__all__ = [
+    "CPU",
+    "BuildsBuffersOnMeta",
+    "CpuStreamKeepsFileViews",
+    "DropsUnknownTensors",
+    "FallsBackForQuantizedVae",
+    "FreezesStreamedParameters",
+    "IgnoresChannelsLast",
+    "KeepsFileDtype",
+    "LeavesMissingSlotsOnMeta",
+    "LetsMetaBuffersThrough",
+    "ReadsWholeVaeCheckpoint",
+    "RefusesConstructedBuffersAtEnd",
+    "RefusesMetaBuffersLate",
+    "ToleratesMissingSlots",
+    "VAEDefect",
+    "accept_every_buffer",
+    "build_everything_on_meta",
+    "drop_unknown",
+    "fill_with_file_view",
+    "ignore_missing",
+    "keep_whatever_is_there",
+    "rebuild_what_can_be_rebuilt",
+    "reference_fill_slot",
+    "reference_preflight",
+    "reference_rebuild",
+    "reference_stream",
+    "stream_in_file_dtype",
+]
+
 CPU = torch.device("cpu")
 reference_preflight = preflight
 reference_stream = stream

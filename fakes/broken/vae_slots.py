@@ -12,6 +12,17 @@ from reference.modules import Entry
 from reference.slots import SlotChecks, check_settled
 from reference.vae import VAESteps
 
+__all__ = [
+    "AllowsTiedState",
+    "ChecksOnlyStateDict",
+    "IgnoresKeysThatAreNotSlots",
+    "IgnoresUserHooks",
+    "LetsLazyStateThrough",
+    "keys_unchecked",
+    "lazy_unchecked",
+    "no_tie_check",
+]
+
 
 class ChecksOnlyStateDict(VAEDefect):
     """Checks that `state_dict` is torch's own, but not `load_state_dict`,

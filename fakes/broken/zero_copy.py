@@ -22,6 +22,23 @@ from reference.dit import DiTSteps
 from reference.kit.fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter
 from reference.kit.seam import PlanLike
 
+__all__ = [
+    "AcceptsOverridingSubclasses",
+    "AdoptsOffCpuTensors",
+    "AdoptsParameterSubclasses",
+    "AdoptsTensorParallelShards",
+    "AdoptsTransposedViews",
+    "CopiesInDirectMode",
+    "CopiesPlainParameters",
+    "IgnoresQuantMethod",
+    "IgnoresShardedWeightFlag",
+    "PredicateDefect",
+    "Question",
+    "TrustsUnboundLoaders",
+    "fits",
+    "reference",
+]
+
 
 @dataclass(frozen=True)
 class Question:

@@ -41,6 +41,24 @@ from reference.checkpoint import open_checkpoint
 from reference.extras import install_hint
 from reference.platform import SYSTEM, Platform, describe
 
+__all__ = [
+    "DEFAULT_REPS",
+    "DEFAULT_SIZE_MIB",
+    "MIB",
+    "WARMUP_MIB",
+    "Runner",
+    "ServerRunner",
+    "bench_command",
+    "checkpoint_facts",
+    "machine",
+    "measure_size",
+    "median_figures",
+    "parse_sizes",
+    "run_bench",
+    "unavailable",
+    "write_folder",
+]
+
 MIB = 1024 * 1024
 DEFAULT_SIZE_MIB = 512
 DEFAULT_REPS = 5

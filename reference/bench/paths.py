@@ -35,6 +35,33 @@ from reference.plan import CPU, WeightLoadPlan
 from reference.report import LoadReport
 from reference.vae import load_vae
 
+__all__ = [
+    "CUDA",
+    "DIFFUSERS_FOLDER",
+    "MODES",
+    "PATHS",
+    "Job",
+    "Loaded",
+    "PathSpec",
+    "ddit_from_pretrained",
+    "ddit_zero_copy",
+    "diffusers_transformer",
+    "dit",
+    "file_mapped_bytes",
+    "from_report",
+    "full_state",
+    "library_missing",
+    "module_tensors",
+    "pinned_h2d",
+    "pinned_host",
+    "read_all",
+    "readinto",
+    "run",
+    "state_dict_load",
+    "synchronize",
+    "vae_stream",
+]
+
 CUDA = torch.device("cuda", 0)
 MODES = ("time", "memory")
 DIFFUSERS_FOLDER = "ddit"

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["RATIOS", "Ratio", "compute_ratios"]
+
 
 @dataclass(frozen=True)
 class Ratio:

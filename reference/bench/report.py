@@ -8,6 +8,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "COLUMNS",
+    "DEVICE_COLUMN",
+    "GROWTH",
+    "MIB",
+    "format_document",
+    "format_growth",
+    "format_ratios",
+    "format_size",
+    "plot_available",
+    "write_plot",
+]
+
 MIB = 1024 * 1024
 COLUMNS = (
     # header, figure, scale, format

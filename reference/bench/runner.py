@@ -30,6 +30,8 @@ from torch import nn
 from reference.bench.paths import DIFFUSERS_FOLDER, MODES, PATHS, Job, library_missing, run
 from reference.plan import CPU
 
+__all__ = ["forked", "main", "preload", "serve", "warm"]
+
 
 def preload() -> None:
     """Import everything a path imports lazily, so no child pays for (or grows by) an import.

@@ -5,3 +5,5 @@ adapter (the one seam: LoaderAdapter) -> selection (--loader) -> plugin (pytest:
 reports side by side). reference_adapter, diffusers_adapter and baseline are loaders put behind
 the seam; expectations reads a loader's declared known failures.
 """
+
+__all__: list[str] = []

@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+__all__ = ["SCHEMAS", "install"]
+
 SCHEMAS = {
     "torchvision::nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "torchvision::qnms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",

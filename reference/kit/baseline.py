@@ -35,6 +35,15 @@ from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
 
+__all__ = [
+    "CPU",
+    "INDEX_SUFFIX",
+    "PlainAssign",
+    "PlainLoadStateDict",
+    "checkpoint_files",
+    "load_file",
+]
+
 CPU = torch.device("cpu")
 INDEX_SUFFIX = ".safetensors.index.json"
 

@@ -25,6 +25,17 @@ from pathlib import Path
 from reference.extras import install_hint
 from reference.kit.errors import KitError
 
+__all__ = [
+    "HYPOTHESIS_STORAGE",
+    "PLUGIN",
+    "SUITE",
+    "SuiteNotInstalledError",
+    "conform_command",
+    "nothing_left_behind",
+    "pytest_arguments",
+    "suite_folder",
+]
+
 SUITE = "reference.kit.suite"
 PLUGIN = "reference.kit.plugin"
 

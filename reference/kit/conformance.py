@@ -20,6 +20,19 @@ from typing import Any, Literal
 
 from reference.rules import BY_ID, RULES, get
 
+__all__ = [
+    "SCHEMA",
+    "XPASS",
+    "Outcome",
+    "TestOutcome",
+    "build_report",
+    "marker_problems",
+    "rule_statuses",
+    "summary_lines",
+    "unexpected_passes",
+    "verdict",
+]
+
 SCHEMA = "loader-conformance/1"
 XPASS = "XPASS(strict)"
 Outcome = Literal["passed", "failed", "skipped", "xfailed"]

@@ -51,6 +51,20 @@ from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
 
+__all__ = [
+    "DIFFUSERS_ERRORS",
+    "INDEX_SUFFIX",
+    "NEEDS",
+    "WEIGHTS_GLOBS",
+    "Diffusers",
+    "DiffusersLoader",
+    "WeightFiles",
+    "checkpoint_error",
+    "mapped_ranges",
+    "resolve",
+    "weight_files",
+]
+
 INDEX_SUFFIX = ".safetensors.index.json"
 NEEDS = f"needs the diffusers extra, which brings accelerate: {install_hint('diffusers')}"
 # from_pretrained's file fallbacks, in its order: an index, the safetensors file, the pickle file.

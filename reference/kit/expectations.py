@@ -28,6 +28,15 @@ import torch
 from reference.kit.errors import KitError
 from reference.rules import BY_ID
 
+__all__ = [
+    "Expectation",
+    "Expectations",
+    "ExpectationsError",
+    "expected_reason",
+    "parse_expectations",
+    "read_expectations",
+]
+
 _LINE = re.compile(
     r"^(?P<rule>[^\s:@]+)(?:\s+@(?P<device>[A-Za-z_]+(?::\d+)?))?\s*:\s*(?P<reason>.*?)\s*$"
 )

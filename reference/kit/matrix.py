@@ -16,6 +16,16 @@ from reference.kit.conformance import SCHEMA, verdict
 from reference.kit.errors import KitError
 from reference.rules import BY_ID, RULES
 
+__all__ = [
+    "CELLS",
+    "LEGEND",
+    "ReportError",
+    "column",
+    "load_report",
+    "render_matrix",
+    "report_command",
+]
+
 CELLS: dict[str, str] = {
     "passed": "pass",
     "failed": "**FAIL**",

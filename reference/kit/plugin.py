@@ -56,6 +56,25 @@ from reference.kit.selection import (
 )
 from reference.rules import BY_ID
 
+__all__ = [
+    "DEFECT_PROPERTY",
+    "INTERNAL_PROPERTY",
+    "MARKERS",
+    "NO_LOADER_OUTPUT",
+    "REASON_PROPERTY",
+    "RULES_PROPERTY",
+    "Conformance",
+    "conformance",
+    "isolated",
+    "known_rules",
+    "loader",
+    "offload_plan",
+    "pytest_addoption",
+    "pytest_assertrepr_compare",
+    "pytest_configure",
+    "runtime_device",
+]
+
 RULES_PROPERTY = "conformance_rules"  # how an xdist worker tells the controller a test's rules
 REASON_PROPERTY = "conformance_reason"  # ... and a failure's one line
 DEFECT_PROPERTY = "conformance_suite_defect"  # ... and a defect of the suite itself

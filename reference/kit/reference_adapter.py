@@ -44,6 +44,8 @@ from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 from reference.report import LoadReport
 
+__all__ = ["ReferenceAdapter", "ReferencePlans"]
+
 
 class ReferencePlans:
     """The reference's plan methods (PLAN, DEV, FP8-1), shared with adapters that reuse them."""

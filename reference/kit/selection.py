@@ -20,6 +20,21 @@ from typing import Literal, cast
 from reference.kit.errors import KitError
 from reference.kit.seam import ALL_CAPABILITIES, LoaderAdapter
 
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "HOW_TO_CHOOSE",
+    "NO_LOADER",
+    "OPTION",
+    "REFERENCE",
+    "REFERENCE_SPEC",
+    "Selection",
+    "SelectionError",
+    "check_adapter",
+    "resolve_spec",
+    "select_adapter",
+]
+
 ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
 ENV_VAR = "LOADER_UNDER_TEST"
 OPTION = "--loader"

@@ -88,6 +88,18 @@ from reference.kit.seam import (
     Verdict,
 )
 
+__all__ = [
+    "COMPONENT_OFFLOAD",
+    "CPU",
+    "INDEX_SUFFIX",
+    "INSTALL_HINT",
+    "MODEL_PATH",
+    "RESIDENT",
+    "Sglang",
+    "SglangLoader",
+    "SglangPlan",
+]
+
 INSTALL_HINT = (
     "SglangLoader needs sglang 0.5.23 (`tox -e matrix-sglang` builds that environment: sglang"
     " installed with --no-deps over the pinned CPU torch)"

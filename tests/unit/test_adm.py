@@ -43,6 +43,7 @@ from reference.kit.seam import (
     PIPELINES,
     SeamLoader,
 )
+from reference.pipeline import ModelRegistry
 from reference.quantization import QuantizationSpec
 
 ACCEL = torch.device("cuda", 0)
@@ -52,7 +53,6 @@ DIT_U = "--direct_gpu_weight_loading"
 SEL = "--component-direct-gpu-weight-loading"
 SEL_U = "--component_direct_gpu_weight_loading"
 UNDERSCORED = {DIT: DIT_U, SEL: SEL_U}
-CCUE = ComponentCheckpointUnsupportedError
 MIB = 1024**2
 
 
@@ -134,7 +134,9 @@ def test_undeclared_selection_wording(pipeline_dir: Path) -> None:
         ),
     )
     # No CUDA either: the pipeline gate answers first, naming every unknown component.
-    with pytest.raises(CCUE, match=r"model_index\.json does not declare") as info:
+    with pytest.raises(
+        ComponentCheckpointUnsupportedError, match=r"model_index\.json does not declare"
+    ) as info:
         admit(read_pipeline(pipeline_dir), args, platform=FakePlatform(cuda=False))
     message = str(info.value)
     assert f"{SEL}.text_encoder" in message
@@ -350,7 +352,7 @@ def test_unhonourable_request_raises_the_no_fallback_error(
     args = loader.make_server_args(runtime_device=ACCEL, **options)
     error = refusal(
         lambda: loader.load_pipeline_component(big_pipeline, component, args, platform=CUDA),
-        error=CCUE,
+        error=ComponentCheckpointUnsupportedError,
     )
     assert_names_one_of(error, flag, UNDERSCORED[flag])
     assert_names_component(error, component)
@@ -413,7 +415,7 @@ def test_unsupported_request_is_refused_whatever_the_weights(
         lambda: loader.load_pipeline_component(
             root, component, args, platform=CUDA, models=MODELS_BY_NAME
         ),
-        error=CCUE,
+        error=ComponentCheckpointUnsupportedError,
     )
     assert_names_one_of(error, SEL, SEL_U)
     assert_names_component(error, component)
@@ -430,9 +432,11 @@ def test_unsupported_request_wording(tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     args = ServerArgs(runtime_device=ACCEL, component_direct_gpu_weight_loading={"vocoder": True})
     spec = read_pipeline(root).component("vocoder")
-    with pytest.raises(CCUE, match=rf"{SEL}\.vocoder.*'vocoder'.*drop") as info:
-        VocoderLoader(platform=CUDA).load(spec, args)
-    assert type(info.value) is CCUE
+    with pytest.raises(
+        ComponentCheckpointUnsupportedError, match=rf"{SEL}\.vocoder.*'vocoder'.*drop"
+    ) as info:
+        VocoderLoader(registry=ModelRegistry.of(MODELS_BY_NAME), platform=CUDA).load(spec, args)
+    assert type(info.value) is ComponentCheckpointUnsupportedError
 
 
 @pytest.mark.capability(PIPELINES)
@@ -467,7 +471,7 @@ def test_gate_runs_before_hooks_and_file_access(pipeline_dir: Path, mocker: Mock
     from reference.pipeline import read_pipeline
 
     spec = read_pipeline(pipeline_dir).component("vocoder")
-    loader = loaders.VocoderLoader(platform=CUDA)
+    loader = loaders.VocoderLoader(registry=ModelRegistry.of(MODELS_BY_NAME), platform=CUDA)
     spies = [
         mocker.spy(loader, name)
         for name in ("fsdp_enabled", "quantization_for", "plan_for", "load_component")
@@ -475,7 +479,7 @@ def test_gate_runs_before_hooks_and_file_access(pipeline_dir: Path, mocker: Mock
     opened = mocker.spy(loaders, "open_checkpoint")
     io_open = mocker.spy(Path, "open")
     args = ServerArgs(runtime_device=ACCEL, component_direct_gpu_weight_loading={"vocoder": True})
-    with pytest.raises(CCUE, match="the vocoder loader cannot load"):
+    with pytest.raises(ComponentCheckpointUnsupportedError, match="the vocoder loader cannot load"):
         loader.load(spec, args)
     assert [s.call_count for s in spies] == [0, 0, 0, 0]
     assert (opened.call_count, io_open.call_count) == (0, 0)
@@ -510,7 +514,10 @@ def test_loader_gate_answers_per_component(
 
     args = ServerArgs(runtime_device=ACCEL, **flag_options)
     if answer is None:
-        with pytest.raises(CCUE, match=f"the {support} loader cannot load component '{component}'"):
+        with pytest.raises(
+            ComponentCheckpointUnsupportedError,
+            match=f"the {support} loader cannot load component '{component}'",
+        ):
             check_loader(DIRECT_SUPPORT[support], component, args, loader=support)
     else:
         assert check_loader(DIRECT_SUPPORT[support], component, args, loader=support) is answer
@@ -536,12 +543,15 @@ def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
     """One rule answers at every layer: the arguments that admission refuses for a quantized
     DiT, its loader refuses too, with the same no-fallback error naming the same component."""
     args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
-    at_admission = refusal(lambda: loader.admit(big_pipeline, args, platform=CUDA), error=CCUE)
+    at_admission = refusal(
+        lambda: loader.admit(big_pipeline, args, platform=CUDA),
+        error=ComponentCheckpointUnsupportedError,
+    )
     at_loader = refusal(
         lambda: loader.load_pipeline_component(
             big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
         ),
-        error=CCUE,
+        error=ComponentCheckpointUnsupportedError,
     )
     for error in (at_admission, at_loader):
         assert_names_one_of(error, DIT, DIT_U)
@@ -593,7 +603,7 @@ def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
             TRANSFORMER_DIRECT_SUPPORT, "transformer", by_flag, loader="transformer"
         ),
     ):
-        with pytest.raises(CCUE) as info:
+        with pytest.raises(ComponentCheckpointUnsupportedError) as info:
             gate()
         refusals.append(str(info.value))
     assert len(set(refusals)) == 1
@@ -610,7 +620,10 @@ def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
             checkpoint_quantization=in_config["transformer"],
         ),
     ):
-        with pytest.raises(CCUE, match=r"its config\.json declares quantization 'fp8'"):
+        with pytest.raises(
+            ComponentCheckpointUnsupportedError,
+            match=r"its config\.json declares quantization 'fp8'",
+        ):
             gate()
     rule = next(r for r in admission.ADMISSION_RULES if "DG-3" in r.contract)
     assert all(rule in admission.rules_for(gate) for gate in ("pipeline", "arguments", "loader"))
@@ -664,7 +677,9 @@ def test_quantized_dit_in_its_own_config_is_refused_at_admission(
     quantized = replace(FULL_PIPELINE[component], quantization_config={"quant_method": method})
     root = write_pipeline(tmp_path, {**FULL_PIPELINE, component: quantized})
     args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
-    error = refusal(lambda: loader.admit(root, args, platform=CUDA), error=CCUE)
+    error = refusal(
+        lambda: loader.admit(root, args, platform=CUDA), error=ComponentCheckpointUnsupportedError
+    )
     assert_names_one_of(error, DIT, DIT_U)
     assert_names_component(error, component)
     loader.admit(root, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
@@ -683,7 +698,10 @@ def test_quantization_flag_with_direct_dit_is_refused_at_admission(
     args = loader.make_server_args(
         runtime_device=ACCEL, direct_gpu_weight_loading=True, quantization=quantization
     )
-    error = refusal(lambda: loader.admit(pipeline_dir, args, platform=CUDA), error=CCUE)
+    error = refusal(
+        lambda: loader.admit(pipeline_dir, args, platform=CUDA),
+        error=ComponentCheckpointUnsupportedError,
+    )
     assert_names_one_of(error, DIT, DIT_U)
     assert_names_component(error, "transformer")
     plain = loader.make_server_args(runtime_device=ACCEL, quantization=quantization)
@@ -697,7 +715,7 @@ def test_quantization_flag_with_direct_dit_is_refused_at_admission(
 @pytest.mark.rule("ADM-5")
 @pytest.mark.reference_only("checks the reference's error class")
 def test_no_fallback_error_is_a_value_error() -> None:
-    assert issubclass(CCUE, ValueError)
+    assert issubclass(ComponentCheckpointUnsupportedError, ValueError)
 
 
 @pytest.mark.capability(ADMISSION)
@@ -719,11 +737,13 @@ def test_the_loader_template_never_swallows_a_refusal(
         direct_support = VAE_DIRECT_SUPPORT  # so a direct request for the VAE is admitted
 
     spec = read_pipeline(pipeline_dir).component("vae")
-    loader = DirectVAE(platform=CUDA)
+    loader = DirectVAE(registry=ModelRegistry.of(MODELS_BY_NAME), platform=CUDA)
     args = ServerArgs(runtime_device=ACCEL, component_direct_gpu_weight_loading={"vae": direct})
-    refused = CCUE("component 'vae': the checkpoint cannot be loaded as asked")
+    refused = ComponentCheckpointUnsupportedError(
+        "component 'vae': the checkpoint cannot be loaded as asked"
+    )
     mocker.patch.object(loader, "load_component", side_effect=refused)
-    with pytest.raises(CCUE) as info:
+    with pytest.raises(ComponentCheckpointUnsupportedError) as info:
         loader.load(spec, args)
     assert info.value is refused
     broken = RuntimeError("Found no NVIDIA driver on your system")

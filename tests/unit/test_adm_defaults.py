@@ -23,7 +23,6 @@ from reference.kit.fakes.pipelines import (
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.fakes.vae import UnrebuiltBufferVAE, VAEConfig
 from reference.kit.seam import ADMISSION, PIPELINES, SeamLoader
-from reference.pipeline import MODELS
 
 pytestmark = pytest.mark.rule("ADM-6")
 
@@ -36,8 +35,6 @@ class OrdinaryOnlyVAE(UnrebuiltBufferVAE):
     def __init__(self, *, frames: int = 4) -> None:
         super().__init__(VAEConfig(frames=frames))
 
-
-MODELS.register(OrdinaryOnlyVAE)  # for `python -m reference load` runs on this pipeline
 
 COMPONENTS = {
     "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),

@@ -483,12 +483,12 @@ def test_unexpected_failures_are_one_error_line_without_a_traceback(
     models.mkdir()
     (models / "boom_models.py").write_text(
         "from torch import nn\n"
-        "from reference.pipeline import MODELS\n\n\n"
+        "\n\n"
         "class BoomDiT(nn.Module):\n"
         "    def __init__(self, **config):\n"
         "        super().__init__()\n"
         "        raise ZeroDivisionError('boom in __init__')\n\n\n"
-        "MODELS.register(BoomDiT)\n"
+        'MODEL_CLASSES = {"BoomDiT": BoomDiT}\n'
     )
     root = tmp_path / "pipeline"
     (root / "transformer").mkdir(parents=True)

@@ -13,6 +13,7 @@ from reference.args import ServerArgs, parse_args
 from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
 from reference.kit.fakes.pipelines import (
     FULL_PIPELINE,
+    MODEL_CLASSES,
     FakeBlock,
     FakeComponent,
     FakeVocoder,
@@ -145,25 +146,21 @@ def test_registry_registers_and_refuses_unknown_and_conflicting_names(tmp_path: 
         )
 
 
-def test_registry_snapshot_restores_exactly_what_was_registered() -> None:
-    registry = ModelRegistry()
-    registry.register(FakeBlock)
-    before = registry.snapshot()
-    registry.restore({})
-    assert registry.names() == ()
-    registry.register(FakeVocoder, name="FakeBlock")  # the name is free again
-    before["Other"] = FakeVocoder  # a snapshot is a copy: editing it registers nothing
-    assert registry.resolve("FakeBlock") is FakeVocoder
-    registry.restore({"FakeBlock": FakeBlock})
-    assert registry.names() == ("FakeBlock",)
-    assert registry.resolve("FakeBlock") is FakeBlock
+def test_a_registry_is_a_value_built_from_a_mapping() -> None:
+    classes = {"FakeBlock": FakeBlock, "Vocoder": FakeVocoder}
+    registry = ModelRegistry.of(classes)
+    assert registry.names() == ("FakeBlock", "Vocoder")
+    assert registry.resolve("Vocoder") is FakeVocoder
+    classes["Other"] = FakeBlock  # built once: editing the mapping registers nothing
+    assert registry.names() == ("FakeBlock", "Vocoder")
+    assert ModelRegistry().names() == ()  # no registry is shared
 
 
 def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     spec = read_pipeline(root).component("vocoder")
     args = ServerArgs(runtime_device=CPU, component_cpu_offload={"vocoder": True})
-    loaded = VocoderLoader().load(spec, args)
+    loaded = VocoderLoader(registry=ModelRegistry.of(MODEL_CLASSES)).load(spec, args)
     assert loaded.report.plan.checkpoint_load_device == CPU
     assert loaded.report.copied == (5, sum(t.nbytes for t in loaded.module.state_dict().values()))
     # As diffusers' from_pretrained gives it: eval mode, requires_grad as constructed.
@@ -174,15 +171,21 @@ def test_vocoder_loader_honours_offload_and_refuses_mismatched_weights(tmp_path:
     root2 = write_pipeline(tmp_path / "wrong", {"vocoder": wrong})
     (root2 / "vocoder" / "config.json").write_text(json.dumps({"channels": 4, "upsample": 2}))
     with pytest.raises(StateMismatchError, match=r"'vocoder'.*wrong shapes: conv\.weight is"):
-        VocoderLoader().load(read_pipeline(root2).component("vocoder"), args)
+        VocoderLoader(registry=ModelRegistry.of(MODEL_CLASSES)).load(
+            read_pipeline(root2).component("vocoder"), args
+        )
     odd = FakeComponent(FakeBlock, {"width": 4})
     root3 = write_pipeline(tmp_path / "odd", {"vocoder": odd})
     (root3 / "model_index.json").write_text(json.dumps({"vocoder": ["fakes", "FakeVocoder"]}))
     with pytest.raises(CheckpointError, match=r"config\.json: does not fit FakeVocoder.*'width'"):
-        VocoderLoader().load(read_pipeline(root3).component("vocoder"), args)
+        VocoderLoader(registry=ModelRegistry.of(MODEL_CLASSES)).load(
+            read_pipeline(root3).component("vocoder"), args
+        )
     (root3 / "vocoder" / "config.json").write_text(json.dumps({"channels": 4, "upsample": 2}))
     with pytest.raises(StateMismatchError, match=r"missing: \['conv.bias'"):
-        VocoderLoader().load(read_pipeline(root3).component("vocoder"), args)
+        VocoderLoader(registry=ModelRegistry.of(MODEL_CLASSES)).load(
+            read_pipeline(root3).component("vocoder"), args
+        )
 
 
 def test_loader_lookup() -> None:
@@ -194,7 +197,7 @@ def test_loader_lookup() -> None:
     with pytest.raises(LoadError, match="'text_encoder': no loader covers it"):
         loader_kind("text_encoder")
     platform = FakePlatform()
-    loader = loader_for("vocoder", platform=platform)
+    loader = loader_for("vocoder", registry=ModelRegistry.of(MODEL_CLASSES), platform=platform)
     assert isinstance(loader, VocoderLoader)
     assert loader.platform is platform
     assert loader.supports_direct("vocoder") is False
@@ -323,7 +326,9 @@ def test_every_model_is_admitted_before_the_first_component_loads(
 
     monkeypatch.setattr(ComponentLoader, "load", spy)
     with pytest.raises(CheckpointError, match=r"\[vae\]: model class 'NotRegistered'.*--models"):
-        load_mod.load_pipeline(root, ServerArgs(runtime_device=CPU))
+        load_mod.load_pipeline(
+            root, ServerArgs(runtime_device=CPU), registry=ModelRegistry.of(MODEL_CLASSES)
+        )
     assert loads == []
     skipped = dict(load_mod.not_loaded(read_pipeline(root)))
     assert set(skipped) == {"scheduler", "tokenizer", "text_encoder"}
@@ -342,7 +347,12 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
     from reference.load import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
-    loaded = load_pipeline(root, ServerArgs(dit_cpu_offload=offload), platform=NO_CUDA)
+    loaded = load_pipeline(
+        root,
+        ServerArgs(dit_cpu_offload=offload),
+        registry=ModelRegistry.of(MODEL_CLASSES),
+        platform=NO_CUDA,
+    )
     assert [c.name for c in loaded] == ["transformer", "vae", "vocoder"]
     for component in loaded:
         assert component.report.plan.checkpoint_load_device == CPU
@@ -360,7 +370,12 @@ def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload:
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
     with pytest.raises(ComponentLoadError, match=r"component '\w+': \w+Error while loading") as e:
-        load_pipeline(root, ServerArgs(dit_cpu_offload=offload), platform=FakePlatform())
+        load_pipeline(
+            root,
+            ServerArgs(dit_cpu_offload=offload),
+            registry=ModelRegistry.of(MODEL_CLASSES),
+            platform=FakePlatform(),
+        )
     assert not isinstance(e.value, StateMismatchError)
     assert e.value.component == ("vae" if offload else "transformer")
     assert e.value.__cause__ is e.value.cause
