@@ -79,10 +79,15 @@ class ComponentLoadError(LoadError, RuntimeError):
     Attributes:
         component: the component being loaded.
         cause: the original exception (also `__cause__`).
+        folder: the component's folder, when known (its config.json and weights).
     """
 
-    def __init__(self, component: str, cause: BaseException) -> None:
+    def __init__(self, component: str, cause: BaseException, *, folder: str | None = None) -> None:
         text = " ".join(str(cause).split()) or "(no message)"
-        super().__init__(f"component {component!r}: {type(cause).__name__} while loading: {text}")
+        where = f" {folder}" if folder else ""
+        super().__init__(
+            f"component {component!r}: {type(cause).__name__} while loading{where}: {text}"
+        )
         self.component = component
         self.cause = cause
+        self.folder = folder

@@ -176,7 +176,7 @@ class ComponentLoader(ABC):
         except LoadError:
             raise  # a refusal, as raised: an explicit request is honoured exactly or refused
         except Exception as exc:
-            raise ComponentLoadError(component.name, exc) from exc
+            raise ComponentLoadError(component.name, exc, folder=str(component.folder)) from exc
         report = LoadReport(
             component=component.name,
             plan=request.plan,

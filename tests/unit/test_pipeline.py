@@ -379,3 +379,4 @@ def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload:
     assert not isinstance(e.value, StateMismatchError)
     assert e.value.component == ("vae" if offload else "transformer")
     assert e.value.__cause__ is e.value.cause
+    assert str(root / e.value.component) in str(e.value)  # names the component's folder
