@@ -295,7 +295,7 @@ def _shape_too_large(folder: Path) -> BadCheckpoint:
 
 def _number_too_long(folder: Path) -> BadCheckpoint:
     path = _rewrite(folder, lambda h, d: join(b'{"a": ' + b"1" * 5000 + b"}", d))
-    return BadCheckpoint("header-number-too-long", path, path.name, None, "not valid JSON")
+    return BadCheckpoint("header-number-too-long", path, path.name, "a", "digits")
 
 
 def _nested_too_deep(folder: Path) -> BadCheckpoint:

@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 
 from reference.errors import CheckpointError
+from reference.files import MAX_INDEX_BYTES, read_bounded
 from reference.header import (
     DTYPES,
     MAX_HEADER_BYTES,
     PICKLE_SUFFIXES,
+    FileIdentity,
     ShardHeader,
     TensorInfo,
     checkpoint_error,
@@ -63,12 +65,15 @@ class Checkpoint:
         metadata: the `__metadata__` of the first file (where configs sometimes hide).
         file_metadata: the `__metadata__` of every file, by file (a shard may declare what the
             first does not).
+        identities: which file each path named when its header was validated; the reader maps
+            a file only while the path still names that file.
     """
 
     files: tuple[Path, ...]
     tensors: Mapping[str, TensorInfo]
     metadata: Mapping[str, str] = field(default_factory=dict)
     file_metadata: Mapping[Path, Mapping[str, str]] = field(default_factory=dict)
+    identities: Mapping[Path, FileIdentity] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -80,14 +85,7 @@ class Checkpoint:
 
 
 def _read_index(index_path: Path) -> dict[str, Path]:
-    try:
-        content = index_path.read_bytes()
-    except FileNotFoundError:
-        raise checkpoint_error(index_path, None, "index file not found") from None
-    except OSError as exc:
-        raise checkpoint_error(
-            index_path, None, f"index cannot be read ({exc.strerror or exc})"
-        ) from None
+    content = read_bounded(index_path, what="index file", limit=MAX_INDEX_BYTES)
     raw = load_json(index_path, content, "index")
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict) or not all(
@@ -131,6 +129,7 @@ def _checkpoint(
         tensors,
         headers[0].metadata if headers else {},
         {header.path: header.metadata for header in headers},
+        {header.path: header.identity for header in headers if header.identity is not None},
     )
 
 
@@ -164,26 +163,33 @@ def _open_index(index_path: Path) -> Checkpoint:
     return _checkpoint(files, tensors, headers)
 
 
+def _hidden(path: Path) -> bool:
+    """Dotfiles in a checkpoint folder are not shards: macOS writes `._model.safetensors`
+    (AppleDouble metadata) beside every file copied to a foreign filesystem."""
+    return path.name.startswith(".")
+
+
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Resolve a checkpoint and validate all its headers (CKPT-1..4); reads no tensor data.
 
     Args:
         path: a `.safetensors` file, a `*.safetensors.index.json`, or a folder holding either
-            (an index wins; otherwise every `*.safetensors` in the folder is a shard).
+            (an index wins; otherwise every `*.safetensors` in the folder is a shard; dotfiles,
+            such as macOS's `._*` AppleDouble files, are not).
 
     Raises:
         CheckpointError: naming the file (and entry) at fault.
     """
     path = Path(path)
     if path.is_dir():
-        indexes = sorted(path.glob(f"*{INDEX_SUFFIX}"))
+        indexes = sorted(p for p in path.glob(f"*{INDEX_SUFFIX}") if not _hidden(p))
         if len(indexes) > 1:
             raise checkpoint_error(
                 path, None, f"holds {len(indexes)} shard indexes; keep exactly one"
             )
         if indexes:
             return _open_index(indexes[0])
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(p for p in path.glob("*.safetensors") if not _hidden(p))
         if not files:
             pickles = sorted(p for p in path.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
             if pickles:
@@ -231,11 +237,13 @@ class TensorReader:
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
-        self._maps: dict[Path, torch.Tensor] = {}
+        self._maps: dict[Path, tuple[int, torch.Tensor]] = {}
 
-    def _map(self, info: TensorInfo) -> torch.Tensor:
+    def _open(self, info: TensorInfo) -> int:
+        """A descriptor of the file `info` lives in, refused unless it is the file whose header
+        was validated (same device, inode, size and modification time)."""
         try:
-            size = info.file.stat().st_size
+            fd = os.open(os.fsencode(info.file), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise checkpoint_error(
                 info.file,
@@ -243,31 +251,52 @@ class TensorReader:
                 f"file can no longer be read ({exc.strerror or exc}); it changed since its header"
                 " was read. Re-open the checkpoint",
             ) from None
-        if size < info.end:
-            raise checkpoint_error(
-                info.file,
-                info.name,
-                f"file is {size} bytes but the tensor ends at byte {info.end}; it was truncated"
-                " since its header was read. Re-open the checkpoint",
+        status = os.fstat(fd)
+        expected = self.checkpoint.identities.get(info.file)
+        problem = None
+        if status.st_size < info.end:
+            problem = (
+                f"file is {status.st_size} bytes but the tensor ends at byte {info.end}; it was"
+                " truncated since its header was read. Re-open the checkpoint"
             )
-        mapped = self._maps.get(info.file)
-        if mapped is None:
-            try:
-                # shared=False maps privately: writes to a view never reach the file.
-                storage = torch.UntypedStorage.from_file(str(info.file), shared=False, nbytes=size)
-            except RuntimeError as exc:
+        elif expected is not None and FileIdentity.of(status) != expected:
+            problem = (
+                "file changed since its header was read (replaced, rewritten or resized: its"
+                " inode, size or modification time differ); the tensors would not be the ones"
+                " validated. Re-open the checkpoint"
+            )
+        if problem is not None:
+            os.close(fd)
+            raise checkpoint_error(info.file, info.name, problem)
+        return fd
+
+    def _map(self, info: TensorInfo) -> torch.Tensor:
+        held = self._maps.get(info.file)
+        if held is not None:
+            fd, mapped = held
+            # The map is of the validated file itself; only its own size can change under it.
+            size = os.fstat(fd).st_size
+            if size < info.end:
                 raise checkpoint_error(
-                    info.file, info.name, f"file cannot be mapped ({exc})"
-                ) from None
-            mapped = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]
-            self._maps[info.file] = mapped
-        if mapped.numel() < info.end:
-            raise checkpoint_error(
-                info.file,
-                info.name,
-                f"file was {mapped.numel()} bytes when first mapped but the tensor ends at byte"
-                f" {info.end}; it changed during the load. Re-open the checkpoint",
-            )
+                    info.file,
+                    info.name,
+                    f"file is {size} bytes but the tensor ends at byte {info.end}; it was"
+                    " truncated since its header was read. Re-open the checkpoint",
+                )
+            return mapped
+        fd = self._open(info)
+        # Mapped through the descriptor just checked, so the file mapped is the file validated
+        # (and a path that is not UTF-8 needs no decoding).
+        name = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else os.fspath(info.file)
+        try:
+            # shared=False maps privately: writes to a view never reach the file.
+            size = os.fstat(fd).st_size
+            storage = torch.UntypedStorage.from_file(name, shared=False, nbytes=size)
+        except (RuntimeError, OSError, UnicodeError) as exc:
+            os.close(fd)
+            raise checkpoint_error(info.file, info.name, f"file cannot be mapped ({exc})") from None
+        mapped = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]
+        self._maps[info.file] = (fd, mapped)
         return mapped
 
     def read(self, name: str, *, device: torch.device) -> torch.Tensor:
@@ -299,8 +328,16 @@ class TensorReader:
         return iter([info.name for info in by_file])
 
     def close(self) -> None:
-        """Drop the maps; tensors already handed out keep their own reference."""
-        self._maps.clear()
+        """Drop the maps and their descriptors; tensors already handed out keep their own
+        reference to the map."""
+        maps, self._maps = self._maps, {}
+        for fd, _ in maps.values():
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # A reader dropped without close() gives its descriptors back all the same.
+        if getattr(self, "_maps", None):
+            self.close()
 
 
 class StreamingReader(TensorReader):
@@ -316,4 +353,4 @@ class StreamingReader(TensorReader):
         try:
             return super().read(name, device=device)
         finally:
-            self._maps.clear()
+            self.close()

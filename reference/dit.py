@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from reference.adopt import REFERENCE_ADOPT_STEPS, AdoptSteps, LinearKinds, load_full_state
 from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
-from reference.errors import StateMismatchError
+from reference.errors import StateMismatchError, listed
 from reference.modules import (
     build_on_meta,
     find_slots,
@@ -34,7 +35,9 @@ from reference.report import LoadReport
 __all__ = ["REFERENCE_DIT_STEPS", "DiTSteps", "build_dit", "check_names", "load_dit"]
 
 
-def check_names(module: nn.Module, names: set[str], *, component: str) -> None:
+def check_names(
+    module: nn.Module, names: set[str], *, component: str, files: Sequence[Path] = ()
+) -> None:
     """CKPT-3: the checkpoint's names are exactly the module's slots (aliases count), checked
     from the headers before any tensor is read.
 
@@ -43,13 +46,14 @@ def check_names(module: nn.Module, names: set[str], *, component: str) -> None:
     """
     found = find_slots(module)
     slots, aliases = found.by_name, found.aliases
+    where = f" ({listed(sorted({f.name for f in files}))})" if files else ""
     unknown = sorted(names - set(slots) - set(aliases))
     missing = sorted(set(slots) - names)
     if unknown or missing:
         raise StateMismatchError(
-            f"{component}: checkpoint and model disagree before any tensor was read;"
-            f" unknown in the model: {', '.join(unknown) or 'none'};"
-            f" missing from the checkpoint: {', '.join(missing) or 'none'}"
+            f"{component}: checkpoint{where} and model disagree before any tensor was read;"
+            f" unknown in the model: {listed(unknown) or 'none'};"
+            f" missing from the checkpoint: {listed(missing) or 'none'}"
         )
 
 
@@ -133,7 +137,7 @@ def load_dit(
     opened = open_checkpoint(checkpoint)
     device = plan.checkpoint_load_device
     module = build_dit(build, device, component=component)
-    steps.check_names(module, set(opened.tensors), component=component)
+    steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
     reader = steps.reader(opened)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:

@@ -6,18 +6,54 @@ from a bug. Messages name the component, tensor, flag or file involved and say w
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
+
 __all__ = [
+    "LISTED",
     "ArgumentError",
     "CheckpointError",
     "ComponentCheckpointUnsupportedError",
     "ComponentLoadError",
     "DeviceMemoryError",
+    "HostMemoryError",
     "LoadError",
     "PlanError",
     "QuantizationLoadError",
     "StateDictABIError",
     "StateMismatchError",
+    "listed",
+    "shown",
 ]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+LISTED = 8
+"""How many names a message lists before it says how many more there are."""
+
+
+def shown(text: str | os.PathLike[str] | bytes) -> str:
+    """`text` (a path, a name) as one printable line: bytes that are not UTF-8 as `\\xNN`, and
+    control characters (newline, NUL, ESC) escaped."""
+    if isinstance(text, bytes):
+        raw = text
+    else:
+        raw = (
+            os.fsencode(text)
+            if isinstance(text, os.PathLike)
+            else text.encode("utf-8", "surrogateescape")
+        )
+    decoded = raw.decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", decoded)
+
+
+def listed(names: Iterable[str], *, limit: int = LISTED) -> str:
+    """Names for a message: each quoted and shown (`shown`), cut after `limit` with "and N
+    more", so a header of a million names still makes a one-line message of bounded length."""
+    names = list(names)
+    head = ", ".join(f"'{shown(name)}'" for name in names[:limit])
+    return head if len(names) <= limit else f"{head} and {len(names) - limit} more"
 
 
 class LoadError(Exception):
@@ -45,6 +81,7 @@ class CheckpointError(LoadError, ValueError):
     """
 
     def __init__(self, file: str, entry: str | None, problem: str) -> None:
+        file, entry = shown(file), None if entry is None else shown(entry)
         where = f"{file}" if entry is None else f"{file} [{entry}]"
         super().__init__(f"{where}: {problem}")
         self.file = file
@@ -70,6 +107,11 @@ class QuantizationLoadError(LoadError, RuntimeError):
 
 class DeviceMemoryError(LoadError, RuntimeError):
     """Direct loading would not fit in the device's free memory (DG-6)."""
+
+
+class HostMemoryError(LoadError, MemoryError):
+    """Constructing or loading a component would take more host memory than is available;
+    refused before the allocation."""
 
 
 class ComponentLoadError(LoadError, RuntimeError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import stat
 import struct
 from collections.abc import Mapping
@@ -20,12 +21,14 @@ from pathlib import Path
 
 import torch
 
-from reference.errors import CheckpointError
+from reference.errors import CheckpointError, shown
+from reference.files import check_json_budget, regular_file_size
 
 __all__ = [
     "DTYPES",
     "MAX_HEADER_BYTES",
     "PICKLE_SUFFIXES",
+    "FileIdentity",
     "ShardHeader",
     "TensorInfo",
     "checkpoint_error",
@@ -75,18 +78,35 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class FileIdentity:
+    """Which file a path named when its header was read: a file replaced (renamed over),
+    rewritten or resized since then differs in one of these."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, status: os.stat_result) -> FileIdentity:
+        return cls(status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+@dataclass(frozen=True)
 class ShardHeader:
-    """The validated header of one safetensors file."""
+    """The validated header of one safetensors file, and the identity of the file it is in."""
 
     path: Path
     file_size: int
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, str] = field(default_factory=dict)
+    identity: FileIdentity | None = None
 
 
 def checkpoint_error(path: Path, entry: str | None, problem: str) -> CheckpointError:
-    """The error for `path` (and `entry`, a tensor name or header field, or None)."""
-    return CheckpointError(str(path), entry, problem)
+    """The error for `path` (and `entry`, a tensor name or header field, or None), both shown
+    as one printable line (`reference.files.shown`)."""
+    return CheckpointError(shown(path), None if entry is None else shown(entry), problem)
 
 
 class _DuplicateKeyError(Exception):
@@ -116,6 +136,7 @@ def load_json(path: Path, raw: bytes, what: str) -> object:
         CheckpointError: for bad UTF-8, bad JSON (also too deep, or a number too long) or a
             duplicate key, naming the key.
     """
+    check_json_budget(path, raw, what=what)
     try:
         return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except _DuplicateKeyError as dup:
@@ -230,34 +251,41 @@ def read_header(path: Path) -> ShardHeader:
             that is not a regular file (a folder, or a pipe that would block), naming the entry.
     """
     refuse_pickle(path)
+    regular_file_size(path, what="checkpoint file")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        status = path.stat()
-        size = status.st_size
+        fd = os.open(os.fsencode(path), flags)
+    except FileNotFoundError:
+        raise checkpoint_error(path, None, "checkpoint file not found") from None
+    except OSError as exc:
+        raise checkpoint_error(path, None, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise checkpoint_error(
                 path, None, "is not a regular file; a checkpoint shard must be a file"
             )
-        with path.open("rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise checkpoint_error(
-                    path,
-                    None,
-                    f"file is {size} bytes; a safetensors file starts with an 8-byte header length",
-                )
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-                raise checkpoint_error(
-                    path,
-                    None,
-                    f"header length {header_len} exceeds the file ({size} bytes); the file is"
-                    " truncated or not a safetensors file",
-                )
-            header_bytes = f.read(header_len)
-    except FileNotFoundError:
-        raise checkpoint_error(path, None, "file not found") from None
+        size = status.st_size
+        prefix = _read_at(fd, 8, 0)
+        if len(prefix) < 8:
+            raise checkpoint_error(
+                path,
+                None,
+                f"file is {size} bytes; a safetensors file starts with an 8-byte header length",
+            )
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+            raise checkpoint_error(
+                path,
+                None,
+                f"header length {header_len} exceeds the file ({size} bytes); the file is"
+                " truncated or not a safetensors file",
+            )
+        header_bytes = _read_at(fd, header_len, 8)
     except OSError as exc:
         raise checkpoint_error(path, None, f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     header = load_json(path, header_bytes, "header")
     if not isinstance(header, dict):
         raise checkpoint_error(
@@ -274,4 +302,16 @@ def read_header(path: Path) -> ShardHeader:
         _parse_entry(path, name, raw, data_start, data_len) for name, raw in header.items()
     )
     _check_coverage(path, tensors, data_start, size)
-    return ShardHeader(path, size, tensors, metadata)
+    return ShardHeader(path, size, tensors, metadata, FileIdentity.of(status))
+
+
+def _read_at(fd: int, count: int, offset: int) -> bytes:
+    """Exactly `count` bytes from `offset` of `fd`, or fewer at the end of the file."""
+    chunks, done = [], 0
+    while done < count:
+        chunk = os.pread(fd, min(count - done, 1 << 24), offset + done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)

@@ -35,6 +35,7 @@ from reference.errors import (
     LoadError,
     StateMismatchError,
 )
+from reference.host_memory import allocation_guard
 from reference.pipeline import (
     CONFIG,
     ComponentSpec,
@@ -238,10 +239,12 @@ def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
 
     Raises:
         CheckpointError: when the class is not registered or the config does not fit it.
+        HostMemoryError: when constructing it would take more host memory than is available.
     """
     cls = registry.resolve(spec.class_name, component=spec)
     try:
-        return cls(**spec.init_kwargs)
+        with allocation_guard(spec.name):
+            return cls(**spec.init_kwargs)
     except TypeError as exc:
         raise CheckpointError(
             str(spec.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"

@@ -30,6 +30,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
 from reference.errors import StateDictABIError
+from reference.host_memory import allocation_guard, release
 
 __all__ = [
     "REBUILD_HOOK",
@@ -195,6 +196,7 @@ class _MetaBuild:
             return tensor
         seen = memo.get(id(tensor))
         if seen is None:
+            release(tensor)  # its real bytes are about to go
             meta = torch.Tensor._make_subclass(
                 type(tensor), tensor.detach().to("meta"), tensor.requires_grad
             )
@@ -261,12 +263,15 @@ def build_on_meta(build: Callable[[], nn.Module], *, component: str) -> nn.Modul
     No parameter or persistent buffer storage is kept (each is sent to meta as it is
     registered); non-persistent buffers are computed as an ordinary construction computes them,
     so they hold their real values. Safe to call from several threads at once: each build is
-    seen only by its own thread, and torch itself is not changed.
+    seen only by its own thread, and torch itself is not changed. Every CPU allocation of the
+    construction is checked against the host's available memory first
+    (`reference.host_memory.allocation_guard`).
 
     Raises:
         StateDictABIError: `build` did not return an `nn.Module`.
+        HostMemoryError: the construction would take more host memory than is available.
     """
-    with _MetaBuild.building():
+    with _MetaBuild.building(), allocation_guard(component):
         module = build()
         if not isinstance(module, nn.Module):
             raise StateDictABIError(

@@ -19,7 +19,6 @@ reference.diffusers_models.)
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,9 @@ from typing import Any
 
 from torch import nn
 
-from reference.errors import ArgumentError, CheckpointError
+from reference.errors import ArgumentError, CheckpointError, shown
+from reference.files import MAX_CONFIG_BYTES, read_bounded
+from reference.header import load_json
 from reference.quantization import QuantizationSpec
 
 __all__ = [
@@ -135,14 +136,11 @@ class Pipeline:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(str(path), None, "file not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(str(path), None, f"is not valid JSON ({exc})") from None
+    """A pipeline's JSON file (model_index.json, a config.json): bounded, within the JSON
+    budget, strict (UTF-8, no key twice), an object."""
+    raw = load_json(path, read_bounded(path, what=path.name, limit=MAX_CONFIG_BYTES), path.name)
     if not isinstance(raw, dict):
-        raise CheckpointError(str(path), None, f"must be a JSON object, got {type(raw).__name__}")
+        raise CheckpointError(shown(path), None, f"must be a JSON object, got {type(raw).__name__}")
     return raw
 
 

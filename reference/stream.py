@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from reference.checkpoint import Checkpoint, TensorReader
-from reference.errors import StateMismatchError
+from reference.errors import LISTED, StateMismatchError, listed, shown
 from reference.modules import Slot
 from reference.report import TensorRecord
 
@@ -46,11 +46,6 @@ class StreamPlan:
     conversions: Mapping[str, tuple[torch.dtype, torch.dtype]]
 
 
-def _listed(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
-
-
 def preflight(checkpoint: Checkpoint, slots: Mapping[str, Slot], *, component: str) -> StreamPlan:
     """CKPT-3: check the checkpoint's headers against the slots; reads no tensor data.
 
@@ -69,25 +64,29 @@ def preflight(checkpoint: Checkpoint, slots: Mapping[str, Slot], *, component: s
     """
     unknown = sorted(set(checkpoint.tensors) - set(slots))
     if unknown:
+        files = sorted({checkpoint.tensors[name].file.name for name in unknown})
         raise StateMismatchError(
             f"{component}: the checkpoint holds tensors the module has no slot for:"
-            f" {_listed(unknown)}. Check that the checkpoint belongs to this model class and"
-            " config"
+            f" {listed(unknown)} (in {listed(files)}). Check that the checkpoint belongs to"
+            " this model class and config"
         )
     missing = sorted(set(slots) - set(checkpoint.tensors))
     if missing:
+        in_files = listed(file.name for file in checkpoint.files)
         raise StateMismatchError(
-            f"{component}: the checkpoint lacks tensors for these slots: {_listed(missing)}."
-            " Every parameter and persistent buffer must come from the checkpoint"
+            f"{component}: the checkpoint ({in_files}) lacks tensors for these slots:"
+            f" {listed(missing)}. Every parameter and persistent buffer must come from the"
+            " checkpoint"
         )
     wrong = [
-        f"{name} is {list(info.shape)} in {info.file.name}, the module expects"
+        f"{shown(name)} is {list(info.shape)} in {shown(info.file.name)}, the module expects"
         f" {list(slots[name].shape)}"
         for name, info in sorted(checkpoint.tensors.items())
         if info.shape != slots[name].shape
     ]
     if wrong:
-        raise StateMismatchError(f"{component}: wrong shapes: {'; '.join(wrong)}")
+        more = f"; and {len(wrong) - LISTED} more" if len(wrong) > LISTED else ""
+        raise StateMismatchError(f"{component}: wrong shapes: {'; '.join(wrong[:LISTED])}{more}")
     names = tuple(TensorReader(checkpoint))
     conversions = {
         name: (info.dtype, slots[name].dtype)

@@ -267,7 +267,7 @@ class MapsCheckpointShared(DiTDefect):
         return DiTSteps(reader=SharedMapReader)
 
 
-def no_preflight(module: nn.Module, names: set[str], *, component: str) -> None:
+def no_preflight(module: nn.Module, names: set[str], *, component: str, **_: object) -> None:
     """Checks nothing: disagreements surface only while tensors are read."""
 
 

@@ -217,10 +217,13 @@ def test_mutated_checkpoint_reads_exactly_or_names_the_file(
 
 @pytest.mark.internal
 @pytest.mark.reference_only("the reference's own reader")
-@pytest.mark.parametrize("when", ["before-the-map", "after-the-map", "restored-after-the-map"])
+@pytest.mark.parametrize("when", ["before-the-map", "after-the-map", "restored-before-the-map"])
 def test_shard_cut_after_open_fails_the_read_naming_file_and_tensor(
     tmp_path: Path, runtime_device: torch.device, when: str
 ) -> None:
+    """A shard cut after its header was read fails the read of a tensor past the cut; before
+    the shard is mapped, any change (cut, or cut and written back) fails every read of it: the
+    file mapped must be the file validated."""
     state = mixed_state()
     checkpoint = open_checkpoint(write_checkpoint(state, tmp_path, shards=2))
     reader = TensorReader(checkpoint)
@@ -232,17 +235,18 @@ def test_shard_cut_after_open_fails_the_read_naming_file_and_tensor(
     if when == "after-the-map":
         assert raw_bytes(reader.read(first, device=runtime_device)) == raw_bytes(state[first])
     os.truncate(shard, checkpoint.tensors[last].end - 1)
-    if when != "after-the-map":  # the bytes before the cut are intact and still read
-        assert raw_bytes(reader.read(first, device=runtime_device)) == raw_bytes(state[first])
-    if when == "restored-after-the-map":
+    if when == "restored-before-the-map":
         shard.write_bytes(original)
     hashes = digests(tmp_path)
     with pytest.raises(CheckpointError) as caught:
         reader.read(last, device=runtime_device)
     assert (caught.value.file, caught.value.entry) == (str(shard), last)
     assert str(caught.value).startswith(f"{shard} [{last}]: ")
-    words = "changed during the load" if when.startswith("restored") else "was truncated"
+    words = "changed since its header" if when.startswith("restored") else "was truncated"
     assert words in caught.value.problem
+    if when == "before-the-map":  # intact bytes of a changed file are refused too
+        with pytest.raises(CheckpointError, match="changed since its header was read"):
+            reader.read(first, device=runtime_device)
     assert digests(tmp_path) == hashes  # the failed read wrote nothing
 
 

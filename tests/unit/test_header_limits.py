@@ -240,9 +240,18 @@ def _errors(tmp_path: Path) -> list[Any]:
             "header length 18446744073709551615 exceeds the file (10 bytes); the file is"
             " truncated or not a safetensors file",
         ),
-        (p / "missing.safetensors", None, "file not found"),
-        (p / "dir.safetensors", None, "is not a regular file; a checkpoint shard must be a file"),
-        (p / "gap.safetensors" / "x.safetensors", None, "cannot be read (Not a directory)"),
+        (p / "missing.safetensors", None, "checkpoint file not found"),
+        (
+            p / "dir.safetensors",
+            None,
+            "is not a regular file (a folder, pipe, socket or device); give the checkpoint"
+            " file itself",
+        ),
+        (
+            p / "gap.safetensors" / "x.safetensors",
+            None,
+            "checkpoint file cannot be read (Not a directory)",
+        ),
         (
             p / "model.bin",
             None,

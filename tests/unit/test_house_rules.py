@@ -104,17 +104,29 @@ def modules() -> list[str]:
 
 
 OPTIONAL = ("reference.kit.sglang_adapter", "reference.kit._torchvision_shim")
+# Packages some modules need that an environment may lack (the GPU tier's bare venv).
+EXTRAS = {"hypothesis", "diffusers", "transformers", "accelerate", "matplotlib", "tqdm"}
+
+
+def declares_all_in_source(name: str) -> bool:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None
+    assert spec.origin is not None
+    return "\n__all__" in Path(spec.origin).read_text()
 
 
 @pytest.mark.parametrize("name", modules())
 def test_every_module_declares_its_public_names(name: str) -> None:
     if name in OPTIONAL:  # import sglang or torchvision: read, not imported
-        spec = importlib.util.find_spec(name)
-        assert spec is not None
-        assert spec.origin is not None
-        assert "__all__" in Path(spec.origin).read_text()
+        assert declares_all_in_source(name)
         return
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as missing:
+        if missing.name not in EXTRAS:
+            raise
+        assert declares_all_in_source(name)
+        return
     assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
     missing = [n for n in module.__all__ if not hasattr(module, n)]
     assert missing == [], f"{name}.__all__ names what it does not define"

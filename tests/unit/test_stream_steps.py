@@ -50,24 +50,24 @@ def refusal(tmp_path: Path, module: nn.Module, state: dict[str, torch.Tensor]) -
 @pytest.mark.parametrize(
     ("count", "listed"),
     [
-        (8, "p00, p01, p02, p03, p04, p05, p06, p07"),
-        (9, "p00, p01, p02, p03, p04, p05, p06, p07 and 1 more"),
-        (11, "p00, p01, p02, p03, p04, p05, p06, p07 and 3 more"),
+        (8, "'p00', 'p01', 'p02', 'p03', 'p04', 'p05', 'p06', 'p07'"),
+        (9, "'p00', 'p01', 'p02', 'p03', 'p04', 'p05', 'p06', 'p07' and 1 more"),
+        (11, "'p00', 'p01', 'p02', 'p03', 'p04', 'p05', 'p06', 'p07' and 3 more"),
     ],
 )
 def test_unknown_tensors_are_listed_up_to_eight(tmp_path: Path, count: int, listed: str) -> None:
     state = {f"p{i:02d}": torch.zeros(2) for i in range(count)}
     assert refusal(tmp_path, nn.Module(), state) == (
-        f"vae: the checkpoint holds tensors the module has no slot for: {listed}. Check that the"
-        " checkpoint belongs to this model class and config"
+        f"vae: the checkpoint holds tensors the module has no slot for: {listed} (in"
+        " 'c.safetensors'). Check that the checkpoint belongs to this model class and config"
     )
 
 
 @pytest.mark.rule("CKPT-3", "VAE-8")
 def test_missing_slots_are_listed(tmp_path: Path) -> None:
     assert refusal(tmp_path, many(3), {"p01": torch.zeros(2)}) == (
-        "vae: the checkpoint lacks tensors for these slots: p00, p02. Every parameter and"
-        " persistent buffer must come from the checkpoint"
+        "vae: the checkpoint ('c.safetensors') lacks tensors for these slots: 'p00', 'p02'."
+        " Every parameter and persistent buffer must come from the checkpoint"
     )
 
 

@@ -646,7 +646,7 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_before_reading(
 @pytest.mark.parametrize(
     ("defect", "words"),
     [
-        ("unknown", [f"no slot for: {UNKNOWN_NAME}"]),
+        ("unknown", [f"no slot for: '{UNKNOWN_NAME}' (in '"]),
         ("wrong_shape", ["wrong shapes: encoder.conv_in.weight is [8, 81]"]),
         ("duplicate", ["tensor also present in"]),
     ],
@@ -772,7 +772,7 @@ def test_reference_words_missing_slots(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     bad = write_defective_vae_checkpoint("missing", _state(), tmp_path)
-    with pytest.raises(StateMismatchError, match=rf"lacks tensors for these slots: {bad.name}\."):
+    with pytest.raises(StateMismatchError, match=rf"lacks tensors for these slots: '{bad.name}'\."):
         loader.load_vae(RecordingBuild(), bad.path, device=runtime_device)
 
 

@@ -624,7 +624,7 @@ def test_reference_words_a_preflight_mismatch(
     _, state = write_dit_checkpoint(tmp_path / "good")
     bad = {n: t for n, t in state.items() if n != "head.bias"} | {"extra.weight": torch.ones(2)}
     path = write_checkpoint(bad, tmp_path / "bad")
-    words = r"unknown in the model: extra\.weight.*missing from the checkpoint: head\.bias"
+    words = r"unknown in the model: 'extra\.weight'.*missing from the checkpoint: 'head\.bias'"
     with pytest.raises(ValueError, match=words):
         loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
 

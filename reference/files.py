@@ -1,0 +1,151 @@
+"""Every file the loader reads goes through here: checked, bounded, never blocking.
+
+Hostile input reaches a loader as files: a shard index that is a named pipe would block a reader
+forever, one linked to `/dev/zero` grows memory without bound, and legal JSON well under a size
+cap can expand fifty-fold when parsed. So a file is read only when it is a regular file (after
+following links), no larger than the cap for its kind, through a descriptor opened
+non-blocking, and JSON is parsed only after a scan of its raw bytes keeps it within a budget:
+
+  * kinds and caps: a safetensors header `MAX_HEADER_BYTES` (safetensors' own bound), a shard
+    index `MAX_INDEX_BYTES`, `model_index.json` and `config.json` `MAX_CONFIG_BYTES`;
+  * JSON: nesting at most `MAX_JSON_DEPTH` deep, at most `MAX_JSON_VALUES` values, numbers of
+    at most `MAX_NUMBER_DIGITS` digits (Python's own integer limit, 4300 digits, would fail later
+    and name no key).
+
+Every refusal is a `CheckpointError` naming the path as the user gave it (`shown`: bytes that
+are not UTF-8 and control characters escaped, so a message is one printable line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from reference.errors import CheckpointError, shown
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_INDEX_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
+    "MAX_NUMBER_DIGITS",
+    "check_json_budget",
+    "read_bounded",
+    "regular_file_size",
+]
+
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+MAX_JSON_VALUES = 16_000_000
+MAX_NUMBER_DIGITS = 64
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_KEY = re.compile(rb'"((?:[^"\\]|\\.)*)"\s*:', re.DOTALL)
+_LONG_NUMBER = re.compile(rb"[0-9]{%d,}" % (MAX_NUMBER_DIGITS + 1))
+_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _error(path: Path, problem: str, entry: str | None = None) -> CheckpointError:
+    return CheckpointError(shown(path), None if entry is None else shown(entry), problem)
+
+
+def regular_file_size(path: Path, *, what: str) -> int:
+    """The size of `path`, a regular file (links followed); nothing is opened.
+
+    Raises:
+        CheckpointError: missing, unreadable, or not a regular file (a folder, pipe, socket or
+            device would block or never end), naming the path.
+    """
+    try:
+        status = os.stat(os.fsencode(path))
+    except FileNotFoundError:
+        raise _error(path, f"{what} not found") from None
+    except OSError as exc:  # a link loop, a path too long, no permission
+        raise _error(path, f"{what} cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise _error(
+            path,
+            f"is not a regular file (a folder, pipe, socket or device); give the {what} itself",
+        )
+    return status.st_size
+
+
+def read_bounded(path: Path, *, what: str, limit: int) -> bytes:
+    """The whole of `path`, a regular file of at most `limit` bytes.
+
+    The descriptor is opened non-blocking and checked again, so a file replaced by a pipe
+    between the check and the open cannot block the read, and at most `limit + 1` bytes are
+    ever read, so a file that grew past the cap cannot grow memory.
+
+    Raises:
+        CheckpointError: naming the path: missing, not a regular file, or larger than `limit`.
+    """
+    size = regular_file_size(path, what=what)
+    if size > limit:
+        raise _error(path, f"{what} is {size} bytes; at most {limit} are read for a {what}")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(os.fsencode(path), flags)
+    except OSError as exc:
+        raise _error(path, f"{what} cannot be opened ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _error(path, f"{what} was replaced by something that is not a regular file")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise _error(path, f"{what} cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise _error(path, f"{what} grew past {limit} bytes while it was read")
+    return b"".join(chunks)
+
+
+def _key_before(raw: bytes, position: int) -> str | None:
+    keys = list(_KEY.finditer(raw, 0, position))
+    return keys[-1].group(1).decode("utf-8", "backslashreplace") if keys else None
+
+
+def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
+    """Refuse JSON text that would cost more to parse than any real checkpoint's does.
+
+    Raises:
+        CheckpointError: nesting deeper than MAX_JSON_DEPTH, more than MAX_JSON_VALUES values,
+            or a number longer than MAX_NUMBER_DIGITS digits (naming the key it follows).
+    """
+    bare = _STRING.sub(b'""', raw)
+    long_number = _LONG_NUMBER.search(bare)
+    if long_number is not None:
+        # Find the same number in the raw text to name the key in front of it.
+        found = re.search(re.escape(long_number.group()), raw)
+        key = _key_before(raw, found.start() if found else len(raw))
+        raise _error(
+            path,
+            f"{what} holds a number of {len(long_number.group())} digits or more; no field of"
+            f" a checkpoint needs more than {MAX_NUMBER_DIGITS}",
+            key,
+        )
+    values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    if values > MAX_JSON_VALUES:
+        raise _error(
+            path, f"{what} holds about {values} JSON values; at most {MAX_JSON_VALUES} are parsed"
+        )
+    brackets = bare.translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_JSON_DEPTH):
+        if not brackets:
+            return
+        brackets = _PAIR.sub(b"", brackets)
+    # Still deeper, unless what is left has no innermost pair: unbalanced text, which the
+    # parser itself refuses as not JSON.
+    if brackets and _PAIR.search(brackets):
+        raise _error(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")

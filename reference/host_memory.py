@@ -1,0 +1,161 @@
+"""Host memory a construction may take, checked before each allocation it makes (issue: a config
+with absurd sizes must be refused before torch allocates, not after).
+
+A model's constructor allocates with torch's factory functions (`torch.empty` in every
+`nn.Linear`, `torch.arange` for a rotary table). `allocation_guard` watches them through a
+`TorchFunctionMode`, which is thread-local like `with torch.device(...)`: before a factory
+allocates on the CPU, the bytes it asks for are added to what the construction holds and
+compared with the memory the host has available (`MemAvailable`, or the cgroup's limit when
+that is lower); past it, the construction is refused with `HostMemoryError` naming the
+component, the bytes asked for and the bytes available, and nothing is allocated. Tensors the
+meta build sends to `meta` give their bytes back (`release`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from reference.errors import HostMemoryError
+
+__all__ = ["allocation_guard", "available_host_bytes", "release"]
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def available_host_bytes() -> int | None:
+    """Bytes the host can give this process now: MemAvailable, lowered to what the cgroup
+    (v2 `memory.max` - `memory.current`) still allows; None where neither is known."""
+    found: list[int] = []
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = (CGROUP / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((CGROUP / "memory.current").read_text())
+            found.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def _size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    shape = kwargs.get("size", args[0] if args else None)
+    if isinstance(shape, int):
+        shape = args if all(isinstance(a, int) for a in args) else (shape,)
+    if isinstance(shape, torch.Size | tuple | list) and all(isinstance(d, int) for d in shape):
+        return tuple(shape)
+    return None
+
+
+def _arange_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:
+    numbers = [a for a in args if isinstance(a, int | float) and not isinstance(a, bool)]
+    start, end, step = 0.0, None, 1.0
+    if len(numbers) == 1:
+        end = numbers[0]
+    elif len(numbers) >= 2:
+        start, end = numbers[0], numbers[1]
+        step = numbers[2] if len(numbers) > 2 else kwargs.get("step", 1)
+    end = kwargs.get("end", end)
+    if end is None or not step:
+        return None
+    count: int = max(math.ceil((float(end) - start) / float(step)), 0)
+    return count
+
+
+_SHAPED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
+
+
+def _request(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Bytes a factory call would allocate on the CPU (0 for anything else)."""
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "cpu":
+        return 0
+    if torch.get_default_device().type != "cpu" and device is None:
+        return 0
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    if func in _SHAPED:
+        shape = _size(args if func is not torch.full else args[:1], kwargs)
+        count = math.prod(shape) if shape is not None else None
+    elif func in (torch.arange, torch.range):
+        count = _arange_count(args, kwargs)
+        if kwargs.get("dtype") is None and all(isinstance(a, int) for a in args):
+            dtype = torch.int64
+    elif func is torch.eye:
+        n = args[0] if args else kwargs.get("n", 0)
+        m = args[1] if len(args) > 1 and isinstance(args[1], int) else kwargs.get("m", n)
+        count = n * m if isinstance(n, int) and isinstance(m, int) else None
+    else:
+        return 0
+    return 0 if count is None else count * dtype.itemsize
+
+
+class _Guard(TorchFunctionMode):
+    def __init__(self, component: str, budget: int) -> None:
+        super().__init__()
+        self.component = component
+        self.budget = budget
+        self.held = 0
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        asked = _request(func, args, kwargs)
+        if asked and self.held + asked > self.budget:
+            raise HostMemoryError(
+                f"{self.component}: constructing the model asks for {asked} bytes more of host"
+                f" memory ({self.held + asked} in all) and the host has {self.budget} available;"
+                " refused before allocating. Check the sizes in its config.json, or free"
+                " memory"
+            )
+        self.held += asked
+        return func(*args, **kwargs)
+
+
+_ACTIVE: ContextVar[_Guard | None] = ContextVar("allocation_guard", default=None)
+
+
+@contextmanager
+def allocation_guard(component: str, *, budget: int | None = None) -> Iterator[None]:
+    """Refuse any CPU allocation of the construction in this block that would take more host
+    memory than is available (`budget`, default `available_host_bytes()`; no check where that
+    is unknown).
+
+    Raises:
+        HostMemoryError: before the allocation, naming the component and the bytes.
+    """
+    budget = available_host_bytes() if budget is None else budget
+    if budget is None:
+        yield
+        return
+    guard = _Guard(component, budget)
+    token = _ACTIVE.set(guard)
+    try:
+        with guard:
+            yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def release(tensor: torch.Tensor) -> None:
+    """`tensor`'s bytes are no longer held by the construction (it went to meta)."""
+    guard = _ACTIVE.get()
+    if guard is not None and tensor.device.type == "cpu":
+        guard.held = max(guard.held - tensor.nbytes, 0)

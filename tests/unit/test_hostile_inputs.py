@@ -1,0 +1,370 @@
+"""Hostile inputs: files a loader opens that are not what their names say, or say too much.
+
+Every case ends in one error of a documented type, naming the file (and the entry), in bounded
+time and memory, with no file changed: paths that are not UTF-8, JSON that explodes when
+parsed, a shard index that is a pipe or a device, a shard replaced between its header check and
+its map, names with control characters, and configs whose sizes no machine holds. Attempts that
+could block run in a child process a deadline kills (`isolated`); the reference's own limits
+and wording are pinned in `reference_only` tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
+from reference.kit.fakes.corrupt import small_state
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.isolated import Attempt
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
+
+CPU = torch.device("cpu")
+OWN = "the reference's own limits and wording"
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail the test instead of hanging: a blocking open or read is interrupted by SIGALRM."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def one_printable_line(message: str) -> None:
+    assert "\n" not in message, message[:300]
+    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in message), repr(message[:300])
+    message.encode("utf-8")  # no lone surrogates: it prints anywhere
+
+
+# --- paths that are not UTF-8 --------------------------------------------------------------------
+
+
+def _non_utf8_folder(tmp_path: Path) -> Path:
+    folder = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"ck\xffpt")))
+    try:
+        folder.mkdir()
+    except (OSError, UnicodeError):
+        pytest.skip("this filesystem refuses names that are not UTF-8")
+    return folder
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("dit-adopt", marks=pytest.mark.capability(ZERO_COPY)),
+        pytest.param("vae-stream", marks=pytest.mark.capability(VAE_STREAM)),
+    ],
+)
+def test_a_folder_named_with_bytes_that_are_not_utf8_loads(
+    loader: SeamLoader, tmp_path: Path, path: str
+) -> None:
+    """Such a name is legal on Linux: the checkpoint in it is a checkpoint like any other."""
+    folder = _non_utf8_folder(tmp_path)
+    model = CorpusDiT if path == "dit-adopt" else CorpusVAE
+    state = small_state()
+    checkpoint = write_checkpoint(state, folder)
+    if path == "dit-adopt":
+        module, _ = loader.load_dit(model, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+    else:
+        module, _ = loader.load_vae(model, checkpoint, device=CPU)
+    for name, tensor in state.items():
+        assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
+def test_a_corrupt_file_in_such_a_folder_is_one_printable_error(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    folder = _non_utf8_folder(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    with pytest.raises(ValueError, match=r"model\.safetensors") as caught:
+        loader.inspect_checkpoint(folder / "model.safetensors")
+    one_printable_line(str(caught.value))
+
+
+# --- a shard index that is a pipe, a device, or huge ---------------------------------------------
+
+
+def _index(kind: str, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    index = folder / "model.safetensors.index.json"
+    if kind == "named-pipe":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("named pipes are POSIX only")
+        os.mkfifo(index)
+    elif kind == "device-file":
+        if not Path("/dev/zero").exists():
+            pytest.skip("no /dev/zero here")
+        index.symlink_to("/dev/zero")
+    else:  # sparse: 4 GiB that take no disk
+        with index.open("wb") as f:
+            f.truncate(4 * 1024**3)
+    return index
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.capability(CHECKPOINT_SAFETY)
+@pytest.mark.parametrize("kind", ["named-pipe", "device-file", "sparse-4-gib"])
+def test_a_shard_index_that_would_block_or_never_end_is_refused_in_time(
+    isolated: Callable[..., Attempt], tmp_path: Path, kind: str
+) -> None:
+    index = _index(kind, tmp_path / "ckpt")
+    result = isolated("inspect_checkpoint", index)
+    assert result.outcome == "raised", f"the loader {result.outcome}: {result.message}"
+    assert result.raised("ValueError"), result.error_types
+    assert index.name in result.message, result.message
+
+
+# --- JSON that explodes when parsed ---------------------------------------------------------------
+
+
+def _header_with(folder: Path, extra: bytes) -> Path:
+    """A valid one-tensor file whose header carries `extra` as an ignored entry's field."""
+    data = torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    entry = b'{"dtype":"F32","shape":[4],"data_offsets":[0,16],"junk":' + extra + b"}"
+    header = b'{"w":' + entry + b"}"
+    header += b" " * (-len(header) % 8)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+    return path
+
+
+EXPLOSIVE = {
+    "nested-lists": (b"[" * 200_000 + b"]" * 200_000, "nests deeper"),
+    "ten-million-values": (b"[" + b"0," * 20_000_000 + b"0]", "JSON values"),
+    "number-of-5000-digits": (b"1" * 5000, "digits"),
+}
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.reference_only(OWN)
+@pytest.mark.capability(CHECKPOINT_SAFETY)
+@pytest.mark.parametrize("case", list(EXPLOSIVE))
+def test_a_header_that_explodes_when_parsed_is_refused_before_parsing(
+    loader: SeamLoader, tmp_path: Path, case: str
+) -> None:
+    extra, words = EXPLOSIVE[case]
+    path = _header_with(tmp_path / case, extra)
+    started = time.perf_counter()
+    with deadline(60), pytest.raises(ValueError, match=words) as caught:
+        loader.inspect_checkpoint(path)
+    assert time.perf_counter() - started < 20
+    assert path.name in str(caught.value)
+
+
+# --- the file validated is the file mapped -------------------------------------------------------
+
+
+class SwapsShardWhileBuilt(CorpusDiT):
+    """A model whose construction (after the headers are read, before any tensor) renames
+    another valid file of the same size over the checkpoint: the attack a shared folder allows."""
+
+    swap: tuple[Path, Path] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        if SwapsShardWhileBuilt.swap is not None:
+            os.replace(*SwapsShardWhileBuilt.swap)
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.capability(ZERO_COPY)
+def test_a_shard_replaced_after_its_header_check_is_never_loaded_silently(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    """The loader refuses naming the shard, or loads exactly the bytes it validated; it never
+    hands out values of the replacement under the header it checked."""
+    state = small_state()
+    path = write_checkpoint(state, tmp_path / "ckpt")
+    other = {name: torch.full_like(t, 7) for name, t in state.items()}
+    replacement = write_checkpoint(other, tmp_path / "other")
+    assert replacement.stat().st_size == path.stat().st_size
+    SwapsShardWhileBuilt.swap = (replacement, path)
+    refusal = None
+    try:
+        module, _ = loader.load_dit(SwapsShardWhileBuilt, path, plan=Plan(CPU), kinds=LINEAR_KINDS)
+    except ValueError as refused:
+        refusal = str(refused)
+    finally:
+        SwapsShardWhileBuilt.swap = None
+    if refusal is not None:
+        assert path.name in refusal
+        return
+    for name, tensor in state.items():
+        assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.reference_only(OWN)
+@pytest.mark.capability(ZERO_COPY)
+def test_the_reference_refuses_the_replaced_shard_by_its_identity(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    state = small_state()
+    path = write_checkpoint(state, tmp_path / "ckpt")
+    replacement = write_checkpoint(
+        {name: torch.full_like(t, 7) for name, t in state.items()}, tmp_path / "other"
+    )
+    SwapsShardWhileBuilt.swap = (replacement, path)
+    try:
+        with pytest.raises(ValueError, match="changed since its header was read") as caught:
+            loader.load_dit(SwapsShardWhileBuilt, path, plan=Plan(CPU), kinds=LINEAR_KINDS)
+    finally:
+        SwapsShardWhileBuilt.swap = None
+    assert str(path) in str(caught.value)
+
+
+# --- names with control characters; a million unknown names --------------------------------------
+
+
+@pytest.mark.rule("CKPT-4", "VAE-7")
+@pytest.mark.capability(VAE_STREAM)
+@pytest.mark.parametrize("extra", [1, 1_000], ids=["one", "a-thousand"])
+def test_unknown_names_make_one_bounded_printable_line(
+    loader: SeamLoader, tmp_path: Path, extra: int
+) -> None:
+    """Names are the file's, not the loader's: a newline, NUL or ESC in them never reaches the
+    message raw, and a thousand of them never make a message of a thousand names."""
+    state = small_state()
+    state |= {f"bad\n\x00\x1b[2K{i}": torch.zeros(1) for i in range(extra)}
+    path = write_checkpoint(state, tmp_path / "ckpt")
+    digest = digests(tmp_path)
+    with pytest.raises(ValueError, match="bad") as caught:
+        loader.load_vae(CorpusVAE, path, device=CPU)
+    one_printable_line(str(caught.value))
+    assert len(str(caught.value)) < 4000
+    assert digests(tmp_path) == digest
+
+
+# --- pipeline JSON: model_index.json and config.json ---------------------------------------------
+
+
+def _pipeline_json(case: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if case == "nested":
+        path.write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    elif case == "long-number":
+        path.write_bytes(b'{"a": ' + b"9" * 5000 + b"}")
+    elif case == "folder":
+        path.mkdir()
+    elif case == "named-pipe":
+        os.mkfifo(path)
+    elif case == "device-file":
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.reference_only(OWN)
+@pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json"])
+@pytest.mark.parametrize("case", ["nested", "long-number", "folder", "named-pipe", "device-file"])
+def test_pipeline_json_is_read_bounded_and_refused_naming_the_file(
+    tmp_path: Path, file: str, case: str
+) -> None:
+    from reference.errors import CheckpointError
+    from reference.pipeline import read_pipeline
+
+    root = tmp_path / "pipe"
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps({"transformer": ["x", "CorpusDiT"]}))
+    (root / "transformer" / "config.json").write_text("{}")
+    target = root / file
+    target.unlink()
+    _pipeline_json(case, target)
+    with deadline(60), pytest.raises(CheckpointError) as caught:
+        read_pipeline(root).component("transformer").init_kwargs  # noqa: B018
+    assert caught.value.file == str(target)
+    one_printable_line(str(caught.value))
+
+
+# --- construction that asks for more memory than the host has ------------------------------------
+
+
+class HugeVAE(CorpusVAE):
+    """A VAE whose config asks for a weight no machine holds (a hostile config.json)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.huge = nn.Linear(1 << 20, 1 << 20)  # 4 TiB of float32
+
+
+class HugeTableDiT(CorpusDiT):
+    """A DiT whose construction computes a non-persistent table sized by its config."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(1 << 40, dtype=torch.float32), persistent=False)
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.reference_only(OWN)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("vae-weight", marks=pytest.mark.capability(VAE_STREAM)),
+        pytest.param("dit-table", marks=pytest.mark.capability(ZERO_COPY)),
+    ],
+)
+def test_construction_beyond_host_memory_is_refused_before_allocating(
+    loader: SeamLoader, tmp_path: Path, path: str
+) -> None:
+    from reference.errors import HostMemoryError
+
+    checkpoint = write_checkpoint(small_state(), tmp_path / "ckpt")
+
+    def load() -> object:
+        if path == "vae-weight":
+            return loader.load_vae(HugeVAE, checkpoint, device=CPU)
+        return loader.load_dit(HugeTableDiT, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+
+    started = time.perf_counter()
+    with deadline(60), pytest.raises(HostMemoryError, match="refused before allocating"):
+        load()
+    assert time.perf_counter() - started < 20
+
+
+# --- files that are not part of a checkpoint -----------------------------------------------------
+
+
+@pytest.mark.rule("CKPT-2")
+@pytest.mark.capability(ZERO_COPY)
+def test_an_appledouble_file_beside_the_checkpoint_is_not_a_shard(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    """macOS writes `._model.safetensors` beside every file copied to a foreign filesystem."""
+    state = small_state()
+    folder = write_checkpoint(state, tmp_path / "ckpt").parent
+    (folder / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)
+    module, _ = loader.load_dit(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
+    for name, tensor in state.items():
+        assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
