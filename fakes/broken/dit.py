@@ -259,9 +259,6 @@ class MapsCheckpointShared(DiTDefect):
 
     name = "broken-maps-checkpoint-shared"
     breaks = frozenset({"ZC-13", "CKPT-5"})
-    also_fails = MappingProxyType(
-        {"CKPT-4": "the bad-input tests hash every file after each load path, writes included"}
-    )
 
     def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
         return DiTSteps(reader=SharedMapReader)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import safetensors.torch
 import torch
 
@@ -25,12 +27,19 @@ class WholeFileReader(TensorReader):
 
 
 class SharedMapReader(TensorReader):
-    """Maps the files shared instead of copy-on-write: a write to a CPU tensor reaches the file."""
+    """Maps the files shared instead of copy-on-write: a write to a CPU tensor reaches the file.
+    Everything else is the reference's reader (the file checked before it is mapped)."""
 
     def read(self, name: str, *, device: torch.device) -> torch.Tensor:
         info = self.checkpoint.tensors[name]
-        size = info.file.stat().st_size
-        storage = torch.UntypedStorage.from_file(str(info.file), shared=True, nbytes=size)
+        fd = self._open(info)
+        try:
+            size = os.fstat(fd).st_size
+            storage = torch.UntypedStorage.from_file(
+                f"/proc/self/fd/{fd}", shared=True, nbytes=size
+            )
+        finally:
+            os.close(fd)
         raw = torch.empty(0, dtype=torch.uint8).set_(storage)[info.start : info.end]  # type: ignore[arg-type]
         tensor = raw.view(info.dtype).view(info.shape)
         return tensor if device.type == "cpu" else tensor.to(device)

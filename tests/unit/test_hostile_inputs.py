@@ -248,7 +248,7 @@ def test_the_reference_refuses_the_replaced_shard_by_its_identity(
 # --- names with control characters; a million unknown names --------------------------------------
 
 
-@pytest.mark.rule("CKPT-4", "VAE-7")
+@pytest.mark.rule("CKPT-4")
 @pytest.mark.capability(VAE_STREAM)
 @pytest.mark.parametrize("extra", [1, 1_000], ids=["one", "a-thousand"])
 def test_unknown_names_make_one_bounded_printable_line(
@@ -260,10 +260,14 @@ def test_unknown_names_make_one_bounded_printable_line(
     state |= {f"bad\n\x00\x1b[2K{i}": torch.zeros(1) for i in range(extra)}
     path = write_checkpoint(state, tmp_path / "ckpt")
     digest = digests(tmp_path)
-    with pytest.raises(ValueError, match="bad") as caught:
+    try:
         loader.load_vae(CorpusVAE, path, device=CPU)
-    one_printable_line(str(caught.value))
-    assert len(str(caught.value)) < 4000
+    except ValueError as refused:
+        message = str(refused)
+    else:  # whether unknown names are refused is VAE-7's, judged by its own tests
+        pytest.skip("the loader loads a checkpoint with unknown names; VAE-7's tests judge that")
+    one_printable_line(message)
+    assert len(message) < 4000
     assert digests(tmp_path) == digest
 
 
@@ -368,3 +372,31 @@ def test_an_appledouble_file_beside_the_checkpoint_is_not_a_shard(
     module, _ = loader.load_dit(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
     for name, tensor in state.items():
         assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
+
+
+# --- the command line: exit 2 and one line -------------------------------------------------------
+
+
+@pytest.mark.internal
+@pytest.mark.parametrize("case", ["huge-config", "index-is-a-pipe", "flags-with-dit-offload"])
+def test_the_command_line_refuses_hostile_pipelines_in_one_line(tmp_path: Path, case: str) -> None:
+    from reference.kit.fakes.pipelines import SMALL_PIPELINE, write_pipeline
+
+    from .command import run_reference
+
+    root = write_pipeline(tmp_path / "pipe", SMALL_PIPELINE)
+    if case == "index-is-a-pipe":
+        (root / "model_index.json").unlink()
+        os.mkfifo(root / "model_index.json")
+    else:  # a transformer config asking for a 4 TiB weight, on the ordinary and offload paths
+        (root / "transformer" / "config.json").write_text(json.dumps({"hidden": 1 << 20}))
+    flags = ["--dit-cpu-offload"] if case == "flags-with-dit-offload" else []
+    with deadline(120):
+        result = run_reference(
+            "load", str(root), "--models", "reference.kit.fakes.pipelines", *flags, hide_cuda=True
+        )
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    one_printable_line(line)
+    words = "model_index.json" if case == "index-is-a-pipe" else "refused before allocating"
+    assert words in line
