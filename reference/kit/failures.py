@@ -18,7 +18,15 @@ import torch
 from reference.kit.errors import KitError
 from reference.kit.seam import LoaderAdapter, Unsupported, capability_of
 
-__all__ = ["LINE_LIMIT", "SeamView", "SeamViolation", "describe", "first_difference", "one_line"]
+__all__ = [
+    "LINE_LIMIT",
+    "SeamView",
+    "SeamViolation",
+    "describe",
+    "first_difference",
+    "one_line",
+    "printable",
+]
 
 LINE_LIMIT = 400
 """The longest failure line the suite prints; longer ones are cut, saying so."""
@@ -125,10 +133,16 @@ def _message(error: BaseException) -> str:
     return "; ".join(kept) or "assertion failed"
 
 
+def printable(text: str) -> str:
+    """`text` encodable as UTF-8: a loader's message may carry a path that is not UTF-8 (lone
+    surrogates), which no report, terminal or pytest-xdist channel can carry."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def one_line(item: pytest.Item, rules: tuple[str, ...], excinfo: pytest.ExceptionInfo[Any]) -> str:
     """`RULES: the case: what went wrong`, on one line, at most LINE_LIMIT characters."""
     head = ", ".join(rules) or "(no rule)"
-    line = " ".join(f"{head}: {_case(item)}: {_message(excinfo.value)}".split())
+    line = printable(" ".join(f"{head}: {_case(item)}: {_message(excinfo.value)}".split()))
     if len(line) > LINE_LIMIT:
         line = line[: LINE_LIMIT - 12] + " ... (cut)"
     return line

@@ -42,7 +42,7 @@ from reference.kit.expectations import (
     expected_reason,
     read_expectations,
 )
-from reference.kit.failures import SeamView, SeamViolation, one_line
+from reference.kit.failures import SeamView, SeamViolation, one_line, printable
 from reference.kit.isolated import Attempt, attempt
 from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import METHODS, LoaderAdapter, Plan, PlanLike, SeamLoader
@@ -274,6 +274,10 @@ class Conformance:
             reason = one_line(item, rules, call.excinfo)
             if rules and self.config.getoption("tbstyle") == "auto":
                 report.longrepr = reason  # one line, rule first; --tb=long shows pytest's own
+        if report.longrepr is not None and not isinstance(report.longrepr, str):
+            text = str(report.longrepr)
+            if printable(text) != text:  # a path that is not UTF-8 would break the report
+                report.longrepr = printable(text)
         if self.worker:
             report.user_properties.append((RULES_PROPERTY, rules))
             report.user_properties.append((REASON_PROPERTY, reason))

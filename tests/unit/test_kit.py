@@ -468,6 +468,41 @@ def test_a_distributed_run_reports_what_a_serial_run_does(kit: pytest.Pytester) 
     result.stdout.fnmatch_lines(["plans-only@cpu: fails 1 MUST rule: PLAN-2"])
 
 
+@pytest.mark.parametrize("tb", ["auto", "long"])
+def test_a_failure_naming_a_path_that_is_not_utf8_is_reported_not_fatal(
+    kit: pytest.Pytester, tb: str
+) -> None:
+    """A loader's error may carry such a path (lone surrogates): pytest-xdist cannot send that
+    text between processes, so the plugin makes it printable; the run reports the failure."""
+    pytest.importorskip("xdist")
+    kit.makepyfile(
+        test_surrogate="""
+import os
+import pytest
+from reference.kit.seam import PLANS
+
+@pytest.mark.rule("PLAN-1")
+@pytest.mark.capability(PLANS)
+def test_names_a_strange_path(loader):
+    raise ValueError("cannot open " + os.fsdecode(b"/tmp/ck\\xffpt/model.safetensors"))
+"""
+    )
+    result, report = report_of(
+        kit,
+        "test_surrogate.py",
+        "--loader=tinyloaders:PlansOnly",
+        f"--tb={tb}",
+        "-p",
+        "xdist",
+        "-n",
+        "1",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert report["rules"]["PLAN-1"]["status"] == "failed"
+    assert "\\udcff" in report["rules"]["PLAN-1"]["reason"]
+
+
 def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     result = run(
