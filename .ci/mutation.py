@@ -102,7 +102,11 @@ def git(*args: str) -> bytes:
 def tracked_files() -> list[Path]:
     """The working tree's files that git tracks or does not ignore, under `COPIED`."""
     listing = git("ls-files", "-co", "--exclude-standard", "-z", "--", *COPIED).decode()
-    return [Path(p) for p in listing.split("\0") if p and (ROOT / p).is_file()]
+    return [
+        Path(p)
+        for p in listing.split("\0")
+        if p and ((ROOT / p).is_file() or (ROOT / p).is_symlink())
+    ]
 
 
 def copy_tree(dest: Path, rev: str | None, overlay: list[Path]) -> None:
@@ -111,7 +115,10 @@ def copy_tree(dest: Path, rev: str | None, overlay: list[Path]) -> None:
         for rel in tracked_files():
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, target)
+            if (ROOT / rel).is_symlink():  # reference/kit/fakes: the fakes' import name
+                target.symlink_to(os.readlink(ROOT / rel))
+            else:
+                shutil.copy2(ROOT / rel, target)
         return
     dest.mkdir(parents=True)
     archive = git("archive", "--format=tar", rev, "--", *COPIED)
