@@ -75,6 +75,13 @@ def _arange_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | Non
     return count
 
 
+def _default_device() -> torch.device:
+    # torch.get_default_device arrived in torch 2.3. Before it, an allocation made inside
+    # `with torch.device("cuda")` is counted as the host's: a stricter check, never a looser one.
+    get = getattr(torch, "get_default_device", None)
+    return get() if get is not None else torch.device("cpu")
+
+
 _SHAPED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
 
 
@@ -83,7 +90,7 @@ def _request(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
     device = kwargs.get("device")
     if device is not None and torch.device(device).type != "cpu":
         return 0
-    if torch.get_default_device().type != "cpu" and device is None:
+    if device is None and _default_device().type != "cpu":
         return 0
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
     if func in _SHAPED:
