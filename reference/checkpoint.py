@@ -217,6 +217,16 @@ def reading_progress(callback: Callable[[int], object]) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
+def _truncation(info: TensorInfo, size: int) -> str | None:
+    """The problem with a file of `size` bytes that should hold `info`'s bytes, or None."""
+    if size >= info.end:
+        return None
+    return (
+        f"file is {size} bytes but the tensor ends at byte {info.end}; it was truncated since"
+        " its header was read. Re-open the checkpoint"
+    )
+
+
 class TensorReader:
     """Reads a checkpoint's tensors one at a time, from a private memory map of each file.
 
@@ -253,13 +263,8 @@ class TensorReader:
             ) from None
         status = os.fstat(fd)
         expected = self.checkpoint.identities.get(info.file)
-        problem = None
-        if status.st_size < info.end:
-            problem = (
-                f"file is {status.st_size} bytes but the tensor ends at byte {info.end}; it was"
-                " truncated since its header was read. Re-open the checkpoint"
-            )
-        elif expected is not None and FileIdentity.of(status) != expected:
+        problem = _truncation(info, status.st_size)
+        if problem is None and expected is not None and FileIdentity.of(status) != expected:
             problem = (
                 "file changed since its header was read (replaced, rewritten or resized: its"
                 " inode, size or modification time differ); the tensors would not be the ones"
@@ -275,14 +280,9 @@ class TensorReader:
         if held is not None:
             fd, mapped = held
             # The map is of the validated file itself; only its own size can change under it.
-            size = os.fstat(fd).st_size
-            if size < info.end:
-                raise checkpoint_error(
-                    info.file,
-                    info.name,
-                    f"file is {size} bytes but the tensor ends at byte {info.end}; it was"
-                    " truncated since its header was read. Re-open the checkpoint",
-                )
+            problem = _truncation(info, os.fstat(fd).st_size)
+            if problem is not None:
+                raise checkpoint_error(info.file, info.name, problem)
             return mapped
         fd = self._open(info)
         # Mapped through the descriptor just checked, so the file mapped is the file validated

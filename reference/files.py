@@ -12,7 +12,7 @@ non-blocking, and JSON is parsed only after a scan of its raw bytes keeps it wit
     at most `MAX_NUMBER_DIGITS` digits (Python's own integer limit, 4300 digits, would fail later
     and name no key).
 
-Every refusal is a `CheckpointError` naming the path as the user gave it (`shown`: bytes that
+Every refusal is a `CheckpointError` naming the path as the user gave it (which shows bytes that
 are not UTF-8 and control characters escaped, so a message is one printable line).
 """
 
@@ -23,7 +23,7 @@ import re
 import stat
 from pathlib import Path
 
-from reference.errors import CheckpointError, shown
+from reference.errors import CheckpointError
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_JSON_VALUES",
     "MAX_NUMBER_DIGITS",
     "check_json_budget",
+    "open_regular",
     "read_bounded",
     "regular_file_size",
 ]
@@ -50,7 +51,8 @@ _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
 def _error(path: Path, problem: str, entry: str | None = None) -> CheckpointError:
-    return CheckpointError(shown(path), None if entry is None else shown(entry), problem)
+    # CheckpointError shows the path and the entry printably itself.
+    return CheckpointError(os.fsdecode(path), entry, problem)
 
 
 def regular_file_size(path: Path, *, what: str) -> int:
@@ -74,6 +76,28 @@ def regular_file_size(path: Path, *, what: str) -> int:
     return status.st_size
 
 
+def open_regular(path: Path, *, what: str) -> tuple[int, os.stat_result]:
+    """A descriptor of `path`, a regular file, and its status: opened non-blocking and checked
+    again with `fstat`, so a file replaced by a pipe after `regular_file_size` looked at it
+    cannot block the caller. The caller closes the descriptor.
+
+    Raises:
+        CheckpointError: naming the path: it cannot be opened, or is not a regular file.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(os.fsencode(path), flags)
+    except FileNotFoundError:
+        raise _error(path, f"{what} not found") from None
+    except OSError as exc:
+        raise _error(path, f"{what} cannot be opened ({exc.strerror or exc})") from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise _error(path, f"{what} was replaced by something that is not a regular file")
+    return fd, status
+
+
 def read_bounded(path: Path, *, what: str, limit: int) -> bytes:
     """The whole of `path`, a regular file of at most `limit` bytes.
 
@@ -87,14 +111,8 @@ def read_bounded(path: Path, *, what: str, limit: int) -> bytes:
     size = regular_file_size(path, what=what)
     if size > limit:
         raise _error(path, f"{what} is {size} bytes; at most {limit} are read for a {what}")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd, _ = open_regular(path, what=what)
     try:
-        fd = os.open(os.fsencode(path), flags)
-    except OSError as exc:
-        raise _error(path, f"{what} cannot be opened ({exc.strerror or exc})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _error(path, f"{what} was replaced by something that is not a regular file")
         chunks, total = [], 0
         while total <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))

@@ -13,7 +13,6 @@ import itertools
 import json
 import math
 import os
-import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from reference.errors import CheckpointError, shown
-from reference.files import check_json_budget, regular_file_size
+from reference.errors import CheckpointError
+from reference.files import check_json_budget, open_regular, regular_file_size
 
 __all__ = [
     "DTYPES",
@@ -104,9 +103,9 @@ class ShardHeader:
 
 
 def checkpoint_error(path: Path, entry: str | None, problem: str) -> CheckpointError:
-    """The error for `path` (and `entry`, a tensor name or header field, or None), both shown
-    as one printable line (`reference.files.shown`)."""
-    return CheckpointError(shown(path), None if entry is None else shown(entry), problem)
+    """The error for `path` (and `entry`, a tensor name or header field, or None); the error
+    shows both as one printable line itself."""
+    return CheckpointError(os.fsdecode(path), entry, problem)
 
 
 class _DuplicateKeyError(Exception):
@@ -252,19 +251,8 @@ def read_header(path: Path) -> ShardHeader:
     """
     refuse_pickle(path)
     regular_file_size(path, what="checkpoint file")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd, status = open_regular(path, what="checkpoint file")
     try:
-        fd = os.open(os.fsencode(path), flags)
-    except FileNotFoundError:
-        raise checkpoint_error(path, None, "checkpoint file not found") from None
-    except OSError as exc:
-        raise checkpoint_error(path, None, f"cannot be read ({exc.strerror or exc})") from None
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise checkpoint_error(
-                path, None, "is not a regular file; a checkpoint shard must be a file"
-            )
         size = status.st_size
         prefix = _read_at(fd, 8, 0)
         if len(prefix) < 8:

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from reference.errors import ArgumentError, CheckpointError, shown
+from reference.errors import ArgumentError, CheckpointError
 from reference.files import MAX_CONFIG_BYTES, read_bounded
 from reference.header import load_json
 from reference.quantization import QuantizationSpec
@@ -140,7 +140,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     budget, strict (UTF-8, no key twice), an object."""
     raw = load_json(path, read_bounded(path, what=path.name, limit=MAX_CONFIG_BYTES), path.name)
     if not isinstance(raw, dict):
-        raise CheckpointError(shown(path), None, f"must be a JSON object, got {type(raw).__name__}")
+        raise CheckpointError(str(path), None, f"must be a JSON object, got {type(raw).__name__}")
     return raw
 
 

@@ -276,8 +276,9 @@ class Conformance:
                 report.longrepr = reason  # one line, rule first; --tb=long shows pytest's own
         if report.longrepr is not None and not isinstance(report.longrepr, str):
             text = str(report.longrepr)
-            if printable(text) != text:  # a path that is not UTF-8 would break the report
-                report.longrepr = printable(text)
+            shown = printable(text)
+            if shown != text:  # a path that is not UTF-8 would break the report
+                report.longrepr = shown
         if self.worker:
             report.user_properties.append((RULES_PROPERTY, rules))
             report.user_properties.append((REASON_PROPERTY, reason))

@@ -8,7 +8,6 @@ on. (A thread cannot stop it: safetensors' reader blocks on a pipe holding the G
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,26 +15,15 @@ import pytest
 import torch
 
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
+from reference.kit.fakes.guards import BLOCKING, make_blocking_file
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan
 
-BLOCKING = {"named-pipe": "a named pipe", "device-file": "a link to /dev/zero"}
-
 
 def blocking_shard(kind: str, folder: Path) -> Path:
     """A file named like a shard that a naive open or read blocks on, or reads forever."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shard = folder / "model.safetensors"
-    if kind == "named-pipe":
-        if not hasattr(os, "mkfifo"):
-            pytest.skip("named pipes are POSIX only")
-        os.mkfifo(shard)
-    else:
-        if not Path("/dev/zero").exists():
-            pytest.skip("no /dev/zero here")
-        shard.symlink_to("/dev/zero")
-    return shard
+    return make_blocking_file(kind, folder / "model.safetensors")
 
 
 def assert_refused_in_time(attempt: Attempt, named: str) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
 from reference.kit.fakes.corrupt import small_state
+from reference.kit.fakes.guards import BLOCKING, make_blocking_file
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
@@ -116,19 +117,12 @@ def test_a_corrupt_file_in_such_a_folder_is_one_printable_error(
 
 
 def _index(kind: str, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     index = folder / "model.safetensors.index.json"
-    if kind == "named-pipe":
-        if not hasattr(os, "mkfifo"):
-            pytest.skip("named pipes are POSIX only")
-        os.mkfifo(index)
-    elif kind == "device-file":
-        if not Path("/dev/zero").exists():
-            pytest.skip("no /dev/zero here")
-        index.symlink_to("/dev/zero")
-    else:  # sparse: 4 GiB that take no disk
-        with index.open("wb") as f:
-            f.truncate(4 * 1024**3)
+    if kind in BLOCKING:
+        return make_blocking_file(kind, index)
+    folder.mkdir(parents=True, exist_ok=True)
+    with index.open("wb") as f:  # sparse: 4 GiB that take no disk
+        f.truncate(4 * 1024**3)
     return index
 
 
@@ -282,10 +276,8 @@ def _pipeline_json(case: str, path: Path) -> None:
         path.write_bytes(b'{"a": ' + b"9" * 5000 + b"}")
     elif case == "folder":
         path.mkdir()
-    elif case == "named-pipe":
-        os.mkfifo(path)
-    elif case == "device-file":
-        path.symlink_to("/dev/zero")
+    else:
+        make_blocking_file(case, path)
 
 
 @pytest.mark.rule("CKPT-4")
