@@ -87,10 +87,15 @@ class CorpusDiT(nn.Module):
 
     linear_kinds = LINEAR_KINDS
 
-    def __init__(self, *, quantization: QuantizationSpec | None = None) -> None:
+    def __init__(
+        self, *, quantization: QuantizationSpec | None = None, table_length: int = 0
+    ) -> None:
         super().__init__()
         self.proj = ReplicatedLinear(4, 8, quant_method=quant_method_factory(quantization)())
         self.norm = nn.LayerNorm(4, bias=False, dtype=torch.bfloat16)
+        if table_length:  # a table computed in __init__, sized by config.json (a rotary table)
+            table = torch.arange(table_length, dtype=torch.float32)
+            self.register_buffer("table", table, persistent=False)
         _built(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,10 +106,12 @@ class CorpusDiT(nn.Module):
 class CorpusVAE(nn.Module):
     """A VAE-shaped model of the corpus's slots, under the standard state-dict ABI."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, extra_width: int = 0) -> None:
         super().__init__()
         self.proj = nn.Linear(4, 8)
         self.norm = nn.LayerNorm(4, bias=False, dtype=torch.bfloat16)
+        if extra_width:  # a layer sized by config.json; no checkpoint holds it
+            self.extra = nn.Linear(extra_width, extra_width, bias=False)
         _built(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ __all__ = [
     "direct_device",
     "load_checkpoint",
     "load_component",
+    "load_on_path",
     "sees_zc3",
 ]
 
@@ -102,6 +103,17 @@ def load_component(
     return loader.load_pipeline_component(
         root, component, args, platform=platform, models=MODEL_CLASSES
     )
+
+
+def load_on_path(
+    loader: SeamLoader, path: str, target: Path, *, runtime_device: torch.device
+) -> nn.Module:
+    """Load `target` on `path`: one of CHECKPOINT_PATHS (`target` is the checkpoint) or of
+    PIPELINE_COMPONENTS (`target` is the pipeline's root). Module-level, so an isolated attempt
+    (`reference.kit.isolated.attempt_with`) can run it in a child process."""
+    if path in PIPELINE_COMPONENTS:
+        return load_component(loader, target, path, runtime_device=runtime_device)
+    return load_checkpoint(path, loader, target, runtime_device=runtime_device)
 
 
 def sees_zc3(loader: SeamLoader, folder: Path) -> bool:

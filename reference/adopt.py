@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from reference.errors import StateMismatchError
+from reference.host_memory import COPY_FIX, refuse_beyond_host, slot_bytes
 from reference.modules import Slot, find_slots
 from reference.report import TensorRecord
 
@@ -306,6 +307,8 @@ def load_full_state(
     direct: bool = False,
     adopt: bool = True,
     steps: AdoptSteps = REFERENCE_ADOPT_STEPS,
+    host_bytes: int | None = None,
+    component: str = "the module",
 ) -> tuple[TensorRecord, ...]:
     """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
 
@@ -316,12 +319,14 @@ def load_full_state(
     leaves `module` untouched. Tied parameters stay tied; their alias names are skipped.
     With `adopt=False` every tensor takes the copy path (the record's reason says so); that is
     the benchmark's copy path, not a contract mode. `steps` replaces the predicate, the copy
-    path or the ledger (see `AdoptSteps`).
+    path or the ledger (see `AdoptSteps`). With `host_bytes` (the host memory available) and a
+    CPU load device, a copy that would take the copies past it is refused before it allocates.
 
     Returns:
         One record per loaded slot, in load order.
 
     Raises:
+        HostMemoryError: a copy would take the copies past `host_bytes`.
         StateMismatchError: for an unknown, repeated or missing name, a wrong shape, or an
             assertion inside a weight_loader (naming the parameter, the three shapes and class).
     """
@@ -331,6 +336,7 @@ def load_full_state(
     loaded: dict[str, torch.Tensor] = {}
     records: list[TensorRecord] = []
     adopted = steps.ledger()
+    copied_bytes = 0
     for name, read in tensors:
         if name in aliases:
             continue
@@ -359,6 +365,15 @@ def load_full_state(
             new = _like(slot.tensor, tensor, False)
             adopted.add(name, tensor)
         else:
+            if host_bytes is not None and load_device.type == "cpu":
+                copied_bytes += slot_bytes(slot.tensor)
+                refuse_beyond_host(
+                    component,
+                    copied_bytes,
+                    available=host_bytes,
+                    what=f"copying {name!r} (with the copies before it)",
+                    fix=COPY_FIX,
+                )
             new = steps.copy(slot, tensor, load_device)
         loaded[name] = new
         records.append(

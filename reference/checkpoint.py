@@ -13,15 +13,15 @@ are copied there one at a time from that map.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from reference.errors import CheckpointError
+from reference.errors import CheckpointError, shown
 from reference.files import MAX_INDEX_BYTES, read_bounded
 from reference.header import (
     DTYPES,
@@ -47,9 +47,11 @@ __all__ = [
     "StreamingReader",
     "TensorInfo",
     "TensorReader",
+    "hidden_files",
     "open_checkpoint",
     "read_header",
     "refuse_pickle",
+    "skipped_notes",
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -67,6 +69,7 @@ class Checkpoint:
             first does not).
         identities: which file each path named when its header was validated; the reader maps
             a file only while the path still names that file.
+        skipped: dotfiles of the folder named like shards or indexes, not read (`hidden_files`).
     """
 
     files: tuple[Path, ...]
@@ -74,6 +77,7 @@ class Checkpoint:
     metadata: Mapping[str, str] = field(default_factory=dict)
     file_metadata: Mapping[Path, Mapping[str, str]] = field(default_factory=dict)
     identities: Mapping[Path, FileIdentity] = field(default_factory=dict)
+    skipped: tuple[Path, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -169,6 +173,29 @@ def _hidden(path: Path) -> bool:
     return path.name.startswith(".")
 
 
+def hidden_files(folder: Path) -> tuple[Path, ...]:
+    """The dotfiles of `folder` named like a shard or an index: never read as part of the
+    checkpoint, and reported (`skipped_notes`) so that a user sees what was left out."""
+    if not folder.is_dir():
+        return ()
+    return tuple(
+        sorted(
+            p
+            for p in folder.iterdir()
+            if _hidden(p) and p.name.endswith((".safetensors", INDEX_SUFFIX))
+        )
+    )
+
+
+def skipped_notes(files: Iterable[Path]) -> tuple[str, ...]:
+    """One note per skipped dotfile, for a load report."""
+    return tuple(
+        f"skipped {shown(path)}: a dotfile (such as macOS's ._ metadata), not part of the"
+        " checkpoint"
+        for path in files
+    )
+
+
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Resolve a checkpoint and validate all its headers (CKPT-1..4); reads no tensor data.
 
@@ -188,7 +215,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 path, None, f"holds {len(indexes)} shard indexes; keep exactly one"
             )
         if indexes:
-            return _open_index(indexes[0])
+            return replace(_open_index(indexes[0]), skipped=hidden_files(path))
         files = sorted(p for p in path.glob("*.safetensors") if not _hidden(p))
         if not files:
             pickles = sorted(p for p in path.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
@@ -196,7 +223,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 refuse_pickle(pickles[0])
             raise checkpoint_error(path, None, "holds no *.safetensors file")
         headers = [read_header(f) for f in files]
-        return _checkpoint(tuple(files), _merge(headers), headers)
+        return replace(
+            _checkpoint(tuple(files), _merge(headers), headers), skipped=hidden_files(path)
+        )
     if path.name.endswith(INDEX_SUFFIX):
         return _open_index(path)
     header = read_header(path)

@@ -262,6 +262,11 @@ def load_command(
         print(HEADER)
         for row in rows:
             print(row.format())
+        notes = [(row.loaded.name, note) for row in rows for note in row.loaded.report.notes]
+        if notes:
+            print("\nnotes:")
+            for name, note in notes:
+                print(f"{name:<14} {note}")
         skipped = not_loaded(pipeline)
         if skipped:
             print("\nnot loaded:")

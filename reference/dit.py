@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from reference.adopt import REFERENCE_ADOPT_STEPS, AdoptSteps, LinearKinds, load_full_state
-from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
-from reference.errors import StateMismatchError, listed
+from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint, skipped_notes
+from reference.errors import StateMismatchError, listed, shown
+from reference.host_memory import COPY_FIX, available_host_bytes, refuse_beyond_host
 from reference.modules import (
     build_on_meta,
     find_slots,
@@ -101,6 +102,7 @@ def load_dit(
     component: str = "transformer",
     adopt: bool = True,
     steps: DiTSteps = REFERENCE_DIT_STEPS,
+    host_bytes: int | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a DiT component as `plan` says and report what happened to each tensor.
 
@@ -123,6 +125,10 @@ def load_dit(
         component: the component's name, for messages and the report.
         adopt: False copies every tensor, eligible or not (the benchmark's copy path).
         steps: the steps of the load (see `DiTSteps`); the reference's by default.
+        host_bytes: the host memory the load may take (default: what the host has available,
+            `reference.host_memory.available_host_bytes`). A load onto the CPU that would copy
+            more than this is refused before it allocates: with `adopt=False` from the headers,
+            before the build; otherwise at the copy that would pass it.
 
     Returns:
         The loaded module (in eval mode) and its load report.
@@ -131,19 +137,31 @@ def load_dit(
         CheckpointError: the checkpoint is malformed.
         StateMismatchError: checkpoint and model disagree (names before any read; shapes).
         QuantizationLoadError: quantization was requested and could not be applied (FP8-5).
+        HostMemoryError: the copies onto the CPU would not fit in `host_bytes`.
     """
     started = time.perf_counter()
     plan = effective_plan(plan, fsdp=fsdp, component=component)
     opened = open_checkpoint(checkpoint)
     device = plan.checkpoint_load_device
+    if device.type == "cpu":
+        host_bytes = available_host_bytes() if host_bytes is None else host_bytes
+        if not adopt:
+            what = "copying every tensor"
+            refuse_beyond_host(
+                component, opened.total_bytes, available=host_bytes, what=what, fix=COPY_FIX
+            )
     module = build_dit(build, device, component=component)
     steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
     reader = steps.reader(opened)
+    in_flight: list[str] = []  # the tensor being loaded, so a mismatch can name its file
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name in reader:
+            in_flight[:] = [name]
             yield name, reader.read(name, device=device)
+        in_flight.clear()
 
+    failure: StateMismatchError | None = None
     try:
         records = load_full_state(
             module,
@@ -153,9 +171,21 @@ def load_dit(
             direct=plan.load_full_state_dict_on_device,
             adopt=adopt,
             steps=steps.adopt,
+            host_bytes=host_bytes if device.type == "cpu" else None,
+            component=component,
         )
+    except StateMismatchError as exc:
+        if not in_flight:
+            raise
+        file = opened.tensors[in_flight[0]].file
+        failure = StateMismatchError(f"{exc} (tensor of {shown(file)})")
+        # The weight_loader's assertion stays the cause; `exc` is not chained, since its
+        # traceback holds the half-loaded module (CKPT-5: nothing of a failed load survives).
+        failure.__cause__ = exc.__cause__
     finally:
         reader.close()
+    if failure is not None:
+        raise failure
     events = ["load"]
     if device.type != "meta":
         rebuild_non_persistent_buffers(module, device=device, component=component)
@@ -170,6 +200,7 @@ def load_dit(
         records=records,
         seconds=time.perf_counter() - started,
         events=tuple(events),
+        notes=skipped_notes(opened.skipped),
     )
     # In eval mode, as diffusers' from_pretrained returns a model.
     return module.eval(), report

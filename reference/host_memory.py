@@ -25,7 +25,20 @@ from torch.overrides import TorchFunctionMode
 
 from reference.errors import HostMemoryError
 
-__all__ = ["allocation_guard", "available_host_bytes", "release"]
+__all__ = [
+    "COPY_FIX",
+    "allocation_guard",
+    "available_host_bytes",
+    "refuse_beyond_host",
+    "release",
+    "slot_bytes",
+]
+
+COPY_FIX = (
+    "load the DiT zero-copy under --dit-cpu-offload (adoptable weights stay views of the"
+    " files), or onto the GPU with --direct-gpu-weight-loading, or free host memory"
+)
+"""What to do when a DiT load's copies do not fit in host memory."""
 
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")
@@ -49,6 +62,28 @@ def available_host_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return min(found) if found else None
+
+
+def slot_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a fresh tensor of `tensor`'s shape and dtype takes (it may be on meta)."""
+    return math.prod(tensor.shape) * tensor.dtype.itemsize
+
+
+def refuse_beyond_host(
+    component: str, needed: int, *, available: int | None, what: str, fix: str
+) -> None:
+    """Refuse a load whose host allocations (`needed` bytes, for `what`) exceed the bytes the
+    host has `available` (None: unknown, no check).
+
+    Raises:
+        HostMemoryError: naming the component, the bytes needed and available, and `fix`.
+    """
+    if available is not None and needed > available:
+        raise HostMemoryError(
+            f"{component}: {what} needs {needed} bytes of host memory and the host has"
+            f" {available} available (MemAvailable, or the cgroup's limit if lower); refused"
+            f" before allocating. To load it: {fix}"
+        )
 
 
 def _size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -28,12 +28,15 @@ from torch import nn
 
 from reference.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
 from reference.args import ServerArgs
-from reference.checkpoint import TensorReader, open_checkpoint
+from reference.checkpoint import TensorReader, hidden_files, open_checkpoint, skipped_notes
 from reference.errors import (
+    LISTED,
     CheckpointError,
     ComponentLoadError,
     LoadError,
     StateMismatchError,
+    listed,
+    shown,
 )
 from reference.host_memory import allocation_guard
 from reference.pipeline import (
@@ -183,6 +186,7 @@ class ComponentLoader(ABC):
             plan=request.plan,
             records=tuple(records),
             seconds=time.perf_counter() - start,
+            notes=skipped_notes(hidden_files(component.folder)),
         )
         return LoadedComponent(component.name, module, report)
 
@@ -251,6 +255,10 @@ def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
         ) from None
 
 
+def _names(names: list[str]) -> str:
+    return f"[{listed(names)}]" if names else "none"
+
+
 def load_state_ordinarily(
     module: nn.Module, component: ComponentSpec, device: torch.device
 ) -> list[TensorRecord]:
@@ -268,16 +276,18 @@ def load_state_ordinarily(
     missing = sorted(set(expected) - set(checkpoint.tensors))
     unexpected = sorted(set(checkpoint.tensors) - set(expected))
     wrong = [
-        f"{name} is {list(info.shape)} in {info.file.name}, the module expects"
+        f"'{shown(name)}' is {list(info.shape)} in {shown(info.file.name)}, the module expects"
         f" {list(expected[name].shape)}"
         for name, info in sorted(checkpoint.tensors.items())
         if name in expected and info.shape != tuple(expected[name].shape)
     ]
     if missing or unexpected or wrong:
+        more = f" and {len(wrong) - LISTED} more" if len(wrong) > LISTED else ""
         raise StateMismatchError(
-            f"component {component.name!r}: checkpoint in {component.folder} does not match"
-            f" {type(module).__name__}; missing: {missing or 'none'}; unexpected:"
-            f" {unexpected or 'none'}; wrong shapes: {'; '.join(wrong) or 'none'}"
+            f"component {component.name!r}: checkpoint in {shown(component.folder)} does not"
+            f" match {type(module).__name__}; missing: {_names(missing)}; unexpected:"
+            f" {_names(unexpected)}; wrong shapes:"
+            f" {'; '.join(wrong[:LISTED]) + more or 'none'}"
         )
     reader = TensorReader(checkpoint)
     try:

@@ -45,13 +45,15 @@ class Tally(NamedTuple):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """Per-component summary of one load."""
+    """Per-component summary of one load; `notes` are what a user should know that is not a
+    refusal (files of the folder that were not read)."""
 
     component: str
     plan: WeightLoadPlan
     records: tuple[TensorRecord, ...] = ()
     seconds: float = 0.0
     events: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())
 
     def _count(self, how: How) -> Tally:
         chosen = [r for r in self.records if r.how == how]

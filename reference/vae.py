@@ -31,8 +31,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.checkpoint import Checkpoint, StreamingReader, TensorReader, open_checkpoint
+from reference.checkpoint import (
+    Checkpoint,
+    StreamingReader,
+    TensorReader,
+    open_checkpoint,
+    skipped_notes,
+)
 from reference.errors import ComponentCheckpointUnsupportedError
+from reference.host_memory import available_host_bytes, refuse_beyond_host, slot_bytes
 from reference.modules import (
     build_on_meta,
     rebuild_non_persistent_buffers,
@@ -126,6 +133,12 @@ class VAESteps:
 REFERENCE_VAE_STEPS = VAESteps()
 
 
+VAE_FIX = (
+    "stream it onto the GPU (--component-direct-gpu-weight-loading.{component}), or free host"
+    " memory"
+)
+
+
 def load_vae(
     build: Callable[[], nn.Module],
     checkpoint_path: str | os.PathLike[str],
@@ -137,6 +150,7 @@ def load_vae(
     decode_dtype: torch.dtype | None = None,
     channels_last_3d: bool = False,
     steps: VAESteps = REFERENCE_VAE_STEPS,
+    host_bytes: int | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
 
@@ -154,6 +168,9 @@ def load_vae(
         decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
         channels_last_3d: store Conv3d weights in channels_last_3d.
         steps: the steps of the load (see `VAESteps`); the reference's by default.
+        host_bytes: the host memory the load may take (default: what the host has available).
+            A CPU load whose slots need more is refused after the preflight, before any tensor
+            is read.
 
     Returns:
         The loaded module (in eval mode), and a report with one "streamed" record per tensor.
@@ -165,6 +182,7 @@ def load_vae(
             buffers on meta that no hook rebuilds (before any tensor data is read).
         StateMismatchError: unknown, missing or wrong-shape tensors, before any data is read.
         ArgumentError: a decode dtype the VAE cannot hold.
+        HostMemoryError: a CPU load whose slots need more than `host_bytes`.
     """
     start = time.perf_counter()
     refuse_unsupported_config(component, config, quantization)
@@ -176,6 +194,12 @@ def load_vae(
         require_decode_dtype_support(module, decode_dtype, component=component)
     slots = state_slots(module, component=component, checks=steps.slot_checks)
     plan = steps.preflight(checkpoint, slots, component=component)
+    if device.type == "cpu":
+        host_bytes = available_host_bytes() if host_bytes is None else host_bytes
+        needed = sum(slot_bytes(slots[name].tensor) for name in plan.names)
+        what = "streaming every tensor into the CPU model"
+        fix = VAE_FIX.format(component=component)
+        refuse_beyond_host(component, needed, available=host_bytes, what=what, fix=fix)
     reader = steps.reader(checkpoint)
     try:
         records, filled = steps.stream(reader, slots, plan, device=device)
@@ -192,4 +216,6 @@ def load_vae(
     )
     # In eval mode, as diffusers' from_pretrained returns a model.
     module.eval()
-    return module, LoadReport(component, load_plan, records, time.perf_counter() - start, events)
+    seconds = time.perf_counter() - start
+    notes = skipped_notes(checkpoint.skipped)
+    return module, LoadReport(component, load_plan, records, seconds, events, notes)

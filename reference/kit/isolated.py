@@ -7,24 +7,34 @@ resolves the loader under test from its SPEC (as the suite did: `--loader`, or t
 reaches it through the same seam as the test (only the methods of the capabilities the test is
 marked with), makes the one call, and reports what happened. A child still running at the
 deadline is killed and the attempt is `blocked`: the loader fails that test, the run goes on.
+
+Each child also measures the memory its call took: the peak resident set during the call over
+the resident set just before it (Linux: `VmHWM` is reset through `/proc/self/clear_refs`), and
+runs under a data limit (`MEMORY_LIMIT`), so a call that grows without end fails there instead
+of taking the machine. Where the platform has it, children are forked from one server process
+that imported torch and the kit once (multiprocessing's `forkserver`), so an attempt costs a
+fork, not an interpreter start; elsewhere each is a fresh interpreter (`spawn`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import queue
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 from reference.kit.failures import SeamView, describe
 from reference.kit.seam import METHODS
 from reference.kit.selection import resolve_spec
 
-__all__ = ["Attempt", "attempt"]
+__all__ = ["DEADLINE", "MEMORY_LIMIT", "Attempt", "attempt", "attempt_with", "isolated_call"]
 
 DEADLINE = 60.0
-"""Seconds an isolated call may take: a fresh interpreter imports torch first (seconds)."""
+"""Seconds an isolated call may take (a spawned interpreter imports torch first: seconds)."""
 MEMORY_LIMIT = 4 * 1024**3
 """Bytes of data (heap and anonymous maps) the child may hold: a loader that reads a device
 file without end fails there, instead of growing until the machine runs out."""
@@ -40,45 +50,166 @@ class Attempt:
         error_types: the raised error's class and its bases, by name (`CheckpointError`, ...).
         message: the raised error's message, or a summary of what was returned.
         attributes: the raised error's `file` and `entry`, where it has them.
+        peak_bytes: how far the child's resident memory rose above its state before the call
+            (None where the platform cannot say, or the child gave no answer).
+        value: what a function run by `isolated_call` returned (it must pickle).
     """
 
     outcome: Literal["returned", "raised", "blocked", "crashed"]
     error_types: tuple[str, ...] = ()
     message: str = ""
     attributes: Mapping[str, Any] | None = None
+    peak_bytes: int | None = None
+    value: Any = None
 
     def raised(self, error_type: str) -> bool:
         """Whether the call raised an instance of the class named `error_type`."""
         return self.outcome == "raised" and error_type in self.error_types
 
 
-@dataclass(frozen=True)
-class _Call:
-    spec: str
-    capabilities: frozenset[str]
-    method: str
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _child(call: _Call, results: Any) -> None:
+def _status_bytes(field: str) -> int | None:
+    try:
+        text = _STATUS.read_text()
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def _reset_peak() -> int | None:
+    """The resident bytes now, with the kernel's peak reset to them (None: cannot measure)."""
+    try:
+        _CLEAR_REFS.write_text("5")  # "5": reset the peak resident set size to the current one
+    except OSError:
+        return None
+    return _status_bytes("VmRSS")
+
+
+def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], results: Any) -> None:
     try:
         import resource
 
         resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
     except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit: keep it
         pass
-    adapter = resolve_spec(call.spec, origin="the isolated attempt")
-    allowed = frozenset().union(*(METHODS[c] for c in call.capabilities))
-    view = SeamView(adapter, allowed=allowed, marked=call.capabilities)
+    call = prepare(*args)  # imports and resolves what the call needs: not charged to it
+    before = _reset_peak()
+
+    def grown() -> int | None:
+        peak = _status_bytes("VmHWM")
+        return None if before is None or peak is None else max(0, peak - before)
+
     try:
-        value = getattr(view, call.method)(*call.args, **call.kwargs)
+        value = call()
     except BaseException as error:
         names = tuple(cls.__name__ for cls in type(error).__mro__)
         found = {k: getattr(error, k) for k in ("file", "entry") if hasattr(error, k)}
-        results.put(("raised", names, " ".join(str(error).split()), found))
+        results.put(("raised", names, " ".join(str(error).split()), found, grown(), None))
         return
-    results.put(("returned", (), describe(value), None))
+    results.put(("returned", (), describe(value), None, grown(), _picklable(value)))
+
+
+def _picklable(value: Any) -> Any:
+    import pickle
+
+    try:
+        pickle.dumps(value)
+    except Exception:  # a module, a tensor of a map: described, not sent
+        return None
+    return value
+
+
+@cache
+def _context() -> Any:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        # Imported once in the server, before any child: torch's import is most of a spawn.
+        context.set_forkserver_preload(["torch", __name__])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def isolated_call(
+    function: Callable[..., Any], *args: Any, deadline: float = DEADLINE, **kwargs: Any
+) -> Attempt:
+    """Run `function(*args, **kwargs)` in a child process (see the module docstring).
+
+    `function` must be importable by its module and name, and its arguments must pickle.
+    """
+    return _isolated(_plain, (function, args, kwargs), deadline=deadline)
+
+
+def _plain(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Callable[[], Any]:
+    return lambda: function(*args, **kwargs)
+
+
+def _isolated(
+    prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], *, deadline: float
+) -> Attempt:
+    context = _context()
+    results = context.Queue()
+    child = context.Process(target=_child, args=(prepare, args, results), daemon=True)
+    child.start()
+    waited = 0.0
+    while waited < deadline:
+        try:
+            outcome, names, message, found, grown, value = results.get(timeout=0.2)
+        except queue.Empty:
+            waited += 0.2
+            if not child.is_alive():
+                return Attempt("crashed", message=f"the process died (exit code {child.exitcode})")
+            continue
+        child.join(5)
+        return Attempt(outcome, tuple(names), message, found, grown, value)
+    child.kill()
+    child.join(5)
+    return Attempt("blocked", message=f"still running after {deadline:.0f} s: killed")
+
+
+def _through_seam(
+    spec: str,
+    capabilities: frozenset[str],
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> Callable[[], Any]:
+    adapter = resolve_spec(spec, origin="the isolated attempt")
+    allowed = frozenset().union(*(METHODS[c] for c in capabilities))
+    view = SeamView(adapter, allowed=allowed, marked=capabilities)
+    return lambda: function(view, *args, **kwargs)
+
+
+def _method(view: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    return getattr(view, method)(*args, **kwargs)
+
+
+def attempt_with(
+    spec: str,
+    capabilities: frozenset[str],
+    function: Callable[..., Any],
+    *args: Any,
+    deadline: float = DEADLINE,
+    **kwargs: Any,
+) -> Attempt:
+    """Call `function(loader, *args, **kwargs)` in a child process, where `loader` is the
+    loader `spec` names, seen through the seam of `capabilities` only.
+
+    Args:
+        spec: the loader under test's SPEC (what `--loader` was given).
+        capabilities: the test's capabilities: the child reaches only their methods.
+        function: importable by module and name (a kit helper such as
+            `reference.kit.fakes.load_paths.load_on_path`); `args` and `kwargs` must pickle.
+        deadline: seconds before the child is killed and the attempt counts as blocked.
+    """
+    return _isolated(
+        _through_seam, (spec, capabilities, function, args, dict(kwargs)), deadline=deadline
+    )
 
 
 def attempt(
@@ -89,30 +220,6 @@ def attempt(
     deadline: float = DEADLINE,
     **kwargs: Any,
 ) -> Attempt:
-    """Call `method(*args, **kwargs)` of the loader `spec` names, in a child process.
-
-    Args:
-        spec: the loader under test's SPEC (what `--loader` was given).
-        capabilities: the test's capabilities: the child reaches only their methods.
-        method: the seam method to call; `args` and `kwargs` must pickle (paths, devices).
-        deadline: seconds before the child is killed and the attempt counts as blocked.
-    """
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    call = _Call(spec, capabilities, method, args, dict(kwargs))
-    child = context.Process(target=_child, args=(call, results), daemon=True)
-    child.start()
-    waited = 0.0
-    while waited < deadline:
-        try:
-            outcome, names, message, found = results.get(timeout=0.2)
-        except queue.Empty:
-            waited += 0.2
-            if not child.is_alive():
-                return Attempt("crashed", message=f"the process died (exit code {child.exitcode})")
-            continue
-        child.join(5)
-        return Attempt(outcome, tuple(names), message, found)
-    child.kill()
-    child.join(5)
-    return Attempt("blocked", message=f"still running after {deadline:.0f} s: killed")
+    """Call the seam method `method(*args, **kwargs)` of the loader `spec` names, in a child
+    process (see `attempt_with`)."""
+    return attempt_with(spec, capabilities, _method, method, *args, deadline=deadline, **kwargs)

@@ -43,7 +43,7 @@ from reference.kit.expectations import (
     read_expectations,
 )
 from reference.kit.failures import SeamView, SeamViolation, one_line, printable
-from reference.kit.isolated import Attempt, attempt
+from reference.kit.isolated import Attempt, attempt, attempt_with
 from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import METHODS, LoaderAdapter, Plan, PlanLike, SeamLoader
 from reference.kit.selection import (
@@ -66,6 +66,7 @@ __all__ = [
     "Conformance",
     "conformance",
     "isolated",
+    "isolated_with",
     "known_rules",
     "loader",
     "offload_plan",
@@ -456,6 +457,21 @@ def isolated(conformance: Conformance, request: pytest.FixtureRequest) -> Callab
         raise pytest.UsageError(NO_LOADER)
     marked = conformance.capabilities.get(request.node.nodeid, frozenset())
     return functools.partial(attempt, selection.spec, marked)
+
+
+@pytest.fixture
+def isolated_with(
+    conformance: Conformance, request: pytest.FixtureRequest
+) -> Callable[..., Attempt]:
+    """`isolated_with(function, *args, **kwargs)`: `function(loader, *args, **kwargs)` in a
+    fresh process that a deadline can kill, `loader` being the loader under test seen through
+    the test's capabilities (reference.kit.isolated.attempt_with); the attempt reports its
+    peak memory too."""
+    selection = conformance.selection
+    if selection is None:
+        raise pytest.UsageError(NO_LOADER)
+    marked = conformance.capabilities.get(request.node.nodeid, frozenset())
+    return functools.partial(attempt_with, selection.spec, marked)
 
 
 @pytest.fixture

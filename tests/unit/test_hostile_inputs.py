@@ -392,3 +392,60 @@ def test_the_command_line_refuses_hostile_pipelines_in_one_line(tmp_path: Path, 
     one_printable_line(line)
     words = "model_index.json" if case == "index-is-a-pipe" else "refused before allocating"
     assert words in line
+
+
+# --- every error that concerns a tensor names its file -------------------------------------------
+
+
+@pytest.mark.internal
+@pytest.mark.reference_only(OWN)
+@pytest.mark.parametrize("sharded", [False, True], ids=["single-file", "sharded"])
+def test_a_shape_mismatch_found_while_loading_names_the_tensors_file(
+    tmp_path: Path, sharded: bool
+) -> None:
+    """The DiT path checks names before reading and shapes as it loads: the shape error names
+    the tensor and the shard that holds it."""
+    from reference.checkpoint import open_checkpoint
+    from reference.dit import load_dit
+    from reference.errors import StateMismatchError
+    from reference.plan import WeightLoadPlan
+
+    state = small_state() | {"proj.weight": torch.ones(8, 5)}
+    path = write_checkpoint(state, tmp_path / "ckpt", shards=2 if sharded else 1)
+    holder = next(
+        f
+        for f in sorted((tmp_path / "ckpt").glob("*.safetensors"))
+        if "proj.weight" in open_checkpoint(f).tensors
+    )
+    with pytest.raises(StateMismatchError, match=r"proj\.weight") as caught:
+        load_dit(CorpusDiT, path, plan=WeightLoadPlan(CPU), kinds=LINEAR_KINDS)
+    assert holder.name in str(caught.value)
+    one_printable_line(str(caught.value))
+
+
+@pytest.mark.internal
+@pytest.mark.reference_only(OWN)
+def test_the_reference_reports_the_dotfiles_it_skipped(tmp_path: Path) -> None:
+    from reference.dit import load_dit
+    from reference.kit.fakes.corpus_models import corpus_pipeline
+    from reference.plan import WeightLoadPlan
+    from reference.vae import load_vae
+
+    from .command import run_reference
+
+    folder = write_checkpoint(small_state(), tmp_path / "ckpt").parent
+    (folder / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)
+    _, dit = load_dit(CorpusDiT, folder, plan=WeightLoadPlan(CPU), kinds=LINEAR_KINDS)
+    _, vae = load_vae(CorpusVAE, folder, device=CPU)
+    for report in (dit, vae):
+        (note,) = report.notes
+        assert "._model.safetensors" in note
+        assert "skipped" in note
+    transformer = corpus_pipeline(tmp_path / "pipe", emptied="transformer")
+    write_checkpoint(small_state(), transformer)
+    (transformer / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07")
+    models = "reference.kit.fakes.corpus_models"
+    result = run_reference("load", str(tmp_path / "pipe"), "--models", models, hide_cuda=True)
+    assert result.returncode == 0, result.stderr
+    assert "\nnotes:\ntransformer    skipped " in result.stdout
+    assert "._model.safetensors" in result.stdout
