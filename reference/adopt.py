@@ -12,7 +12,7 @@ carries the first failing condition, which the load report keeps as the reason o
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from types import MethodType
 from typing import Protocol
@@ -35,6 +35,8 @@ __all__ = [
     "LinearKinds",
     "Verdict",
     "copy_to_fresh",
+    "keep_fresh",
+    "keeps_read_tensor",
     "load_full_state",
     "same_device",
     "zero_copy_verdict",
@@ -268,6 +270,37 @@ def copy_to_fresh(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -
     return temp
 
 
+def keeps_read_tensor(
+    slot: Slot, dtype: torch.dtype, shape: tuple[int, ...], load_device: torch.device
+) -> bool:
+    """Whether the copy path would only copy a CPU tensor of `dtype` and `shape` into an
+    identical new tensor for `slot`, so that a fresh tensor read for it can be kept instead:
+    a CPU load device, no `weight_loader` (a parameter with one is filled by it), the slot's
+    shape and dtype, a contiguous slot. Answerable from a header, before any byte is read."""
+    target = slot.tensor
+    if load_device.type != "cpu":
+        return False
+    if slot.is_parameter and target.__dict__.get("weight_loader") is not None:
+        return False
+    return tuple(shape) == tuple(target.shape) and dtype == target.dtype and target.is_contiguous()
+
+
+def keep_fresh(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor | None:
+    """The copy path without its copy, for a tensor its reader freshly allocated (never a view
+    of a file map): `tensor` itself as the slot's tensor where `keeps_read_tensor` allows it,
+    else None (the copy path must run). A parameter keeps its class and attributes, and gets
+    the `requires_grad` the copy path gives it (ZC-10, ZC-11)."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    if not keeps_read_tensor(slot, tensor.dtype, tuple(tensor.shape), load_device):
+        return None
+    if not slot.is_parameter:
+        return tensor
+    target = slot.tensor
+    grad = target.requires_grad and (tensor.is_floating_point() or tensor.is_complex())
+    return _like(target, tensor, grad)
+
+
 CopyStep = Callable[[Slot, torch.Tensor, torch.device], torch.Tensor]
 
 
@@ -306,6 +339,7 @@ def load_full_state(
     kinds: LinearKinds,
     direct: bool = False,
     adopt: bool = True,
+    fresh: Collection[str] = frozenset(),
     steps: AdoptSteps = REFERENCE_ADOPT_STEPS,
     host_bytes: int | None = None,
     component: str = "the module",
@@ -318,7 +352,9 @@ def load_full_state(
     adopted is refused (ZC-12). Slots are assigned only once every tensor loaded, so a failure
     leaves `module` untouched. Tied parameters stay tied; their alias names are skipped.
     With `adopt=False` every tensor takes the copy path (the record's reason says so); that is
-    the benchmark's copy path, not a contract mode. `steps` replaces the predicate, the copy
+    the benchmark's copy path, not a contract mode. `fresh` names the tensors that are fresh
+    allocations of their own (a `PooledReader`'s): a copied one the slot could hold as is is
+    kept instead of copied a second time (`keep_fresh`). `steps` replaces the predicate, the copy
     path or the ledger (see `AdoptSteps`). With `host_bytes` (the host memory available) and a
     CPU load device, a copy that would take the copies past it is refused before it allocates.
 
@@ -374,7 +410,8 @@ def load_full_state(
                     what=f"copying {name!r} (with the copies before it)",
                     fix=COPY_FIX,
                 )
-            new = steps.copy(slot, tensor, load_device)
+            kept = keep_fresh(slot, tensor, load_device) if name in fresh else None
+            new = steps.copy(slot, tensor, load_device) if kept is None else kept
         loaded[name] = new
         records.append(
             TensorRecord(name, "adopted" if verdict.adopt else "copied", new.nbytes, verdict.reason)

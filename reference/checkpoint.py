@@ -35,6 +35,7 @@ from reference.header import (
     read_header,
     refuse_pickle,
 )
+from reference.prefetch import Prefetch, start_prefetch
 
 __all__ = [
     "DTYPES",
@@ -52,6 +53,7 @@ __all__ = [
     "read_header",
     "refuse_pickle",
     "skipped_notes",
+    "truncation",
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -246,7 +248,7 @@ def reading_progress(callback: Callable[[int], object]) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
-def _truncation(info: TensorInfo, size: int) -> str | None:
+def truncation(info: TensorInfo, size: int) -> str | None:
     """The problem with a file of `size` bytes that should hold `info`'s bytes, or None."""
     if size >= info.end:
         return None
@@ -272,11 +274,24 @@ class TensorReader:
     pages of a tensor are still to be touched, that is while a returned CPU view is alive, or
     between the size check and the copy of a device read; touching lost pages of a memory map is
     a SIGBUS. Checkpoint files must not be rewritten in place while a load is running.
+
+    With `prefetch` threads, each file's map is populated in the background as soon as it is
+    mapped (`reference.prefetch`: the zero-copy path's first forward then finds its pages
+    resident); `prefetches` holds one `Prefetch` per file so started. Reads never wait for it.
+
+    Attributes:
+        fresh_names: the names whose CPU tensors `read` returns in a fresh allocation of their
+            own (never a view of a file map), which a caller may keep as the loaded tensor
+            instead of copying it; none for this reader (`reference.pool.PooledReader` has some).
     """
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    fresh_names: frozenset[str] = frozenset()
+
+    def __init__(self, checkpoint: Checkpoint, *, prefetch: int = 0) -> None:
         self.checkpoint = checkpoint
         self._maps: dict[Path, tuple[int, torch.Tensor]] = {}
+        self._prefetch = prefetch
+        self.prefetches: list[Prefetch] = []
 
     def _open(self, info: TensorInfo) -> int:
         """A descriptor of the file `info` lives in, refused unless it is the file whose header
@@ -292,7 +307,7 @@ class TensorReader:
             ) from None
         status = os.fstat(fd)
         expected = self.checkpoint.identities.get(info.file)
-        problem = _truncation(info, status.st_size)
+        problem = truncation(info, status.st_size)
         if problem is None and expected is not None and FileIdentity.of(status) != expected:
             problem = (
                 "file changed since its header was read (replaced, rewritten or resized: its"
@@ -309,7 +324,7 @@ class TensorReader:
         if held is not None:
             fd, mapped = held
             # The map is of the validated file itself; only its own size can change under it.
-            problem = _truncation(info, os.fstat(fd).st_size)
+            problem = truncation(info, os.fstat(fd).st_size)
             if problem is not None:
                 raise checkpoint_error(info.file, info.name, problem)
             return mapped
@@ -326,6 +341,10 @@ class TensorReader:
             raise checkpoint_error(info.file, info.name, f"file cannot be mapped ({exc})") from None
         mapped = torch.empty(0, dtype=torch.uint8).set_(storage)  # type: ignore[arg-type]
         self._maps[info.file] = (fd, mapped)
+        if self._prefetch:
+            started = start_prefetch(mapped, workers=self._prefetch)
+            if started is not None:
+                self.prefetches.append(started)
         return mapped
 
     def read(self, name: str, *, device: torch.device) -> torch.Tensor:
@@ -343,10 +362,15 @@ class TensorReader:
         tensor = raw.view(info.dtype).view(info.shape)
         if device.type != "cpu":
             tensor = tensor.to(device)
+        self._progress(info.nbytes)
+        return tensor
+
+    @staticmethod
+    def _progress(nbytes: int) -> None:
+        """Tell the `reading_progress` callback, if any, that a tensor of `nbytes` was read."""
         progress = _PROGRESS.get()
         if progress is not None:
-            progress(info.nbytes)
-        return tensor
+            progress(nbytes)
 
     def __iter__(self) -> Iterator[str]:
         """Tensor names in file order (each file read front to back)."""
@@ -375,8 +399,11 @@ class StreamingReader(TensorReader):
     Each `read` maps the file afresh and the map lives only as long as the returned tensor, so
     once a caller has copied a tensor and dropped it, its pages leave the process: resident
     memory grows by the copies alone, never by the files (VAE-1). Adoption (zero-copy) needs
-    the maps kept, and uses `TensorReader`.
+    the maps kept, and uses `TensorReader`. It never prefetches: each map lives for one tensor.
     """
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        super().__init__(checkpoint)
 
     def read(self, name: str, *, device: torch.device) -> torch.Tensor:
         try:

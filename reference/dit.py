@@ -18,8 +18,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.adopt import REFERENCE_ADOPT_STEPS, AdoptSteps, LinearKinds, load_full_state
-from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint, skipped_notes
+from reference.adopt import (
+    REFERENCE_ADOPT_STEPS,
+    AdoptSteps,
+    LinearKinds,
+    keeps_read_tensor,
+    load_full_state,
+)
+from reference.checkpoint import (
+    Checkpoint,
+    TensorInfo,
+    TensorReader,
+    open_checkpoint,
+    skipped_notes,
+)
 from reference.errors import StateMismatchError, listed, shown
 from reference.host_memory import COPY_FIX, available_host_bytes, refuse_beyond_host
 from reference.modules import (
@@ -29,11 +41,20 @@ from reference.modules import (
     refuse_unrebuildable_buffers,
 )
 from reference.plan import WeightLoadPlan
+from reference.pool import PooledReader
 from reference.postload import effective_plan, offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
+from reference.reading import ReadOptions, pool_options, prefetch_workers
 from reference.report import LoadReport
 
-__all__ = ["REFERENCE_DIT_STEPS", "DiTSteps", "build_dit", "check_names", "load_dit"]
+__all__ = [
+    "REFERENCE_DIT_STEPS",
+    "DiTSteps",
+    "build_dit",
+    "check_names",
+    "dit_reader",
+    "load_dit",
+]
 
 
 def check_names(
@@ -75,14 +96,50 @@ def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component
     return module
 
 
+def dit_reader(
+    checkpoint: Checkpoint,
+    module: nn.Module,
+    *,
+    reading: ReadOptions | None,
+    copies_every_tensor: bool,
+    device: torch.device,
+) -> TensorReader:
+    """The reference's reader for one DiT load into `module` (built, not yet loaded).
+
+    A load that copies every tensor (adoption off, or direct mode: every tensor goes to the
+    device, where it is adopted) reads through the pool where `reference.reading.pool_options`
+    says so (given options; not by default). On a CPU load
+    device the pool reads the tensors whose buffers become the loaded tensors as they are
+    (`reference.adopt.keeps_read_tensor`); the others (a layer's `weight_loader` fills them, or
+    they are converted) are copied from the file's map, so no tensor is copied twice. A load
+    that may adopt CPU tensors needs views of the file's map (`TensorReader`), populated in the
+    background when `reading.prefetch`.
+    """
+    pool = pool_options(reading, device=device) if copies_every_tensor else None
+    if pool is None:
+        return TensorReader(checkpoint, prefetch=prefetch_workers(reading))
+    if device.type != "cpu":
+        return PooledReader(checkpoint, pool)
+    slots = find_slots(module).by_name
+
+    def kept(info: TensorInfo) -> bool:
+        slot = slots.get(info.name)
+        return slot is not None and keeps_read_tensor(slot, info.dtype, info.shape, device)
+
+    return PooledReader(checkpoint, pool, pooled=kept)
+
+
 @dataclass(frozen=True)
 class DiTSteps:
     """The steps of `load_dit` a caller may replace, each with the reference's default: the
     adoption steps, the tensor reader, the name check before reading, weight processing and the
-    deferred offload. A loader that differs in one step passes its own (`Platform`'s way)."""
+    deferred offload. A loader that differs in one step passes its own (`Platform`'s way).
+
+    `reader` None is the reference's choice (`dit_reader`, tuned by `load_dit`'s `reading`); a
+    reader given here reads every load, whatever `reading` says."""
 
     adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
-    reader: Callable[[Checkpoint], TensorReader] = TensorReader
+    reader: Callable[[Checkpoint], TensorReader] | None = None
     check_names: Callable[..., None] = check_names
     process: Callable[..., int] = process_weights
     offload: Callable[[nn.Module], None] = offload_to_cpu
@@ -101,6 +158,7 @@ def load_dit(
     fsdp: bool = False,
     component: str = "transformer",
     adopt: bool = True,
+    reading: ReadOptions | None = None,
     steps: DiTSteps = REFERENCE_DIT_STEPS,
     host_bytes: int | None = None,
 ) -> tuple[nn.Module, LoadReport]:
@@ -124,6 +182,13 @@ def load_dit(
         fsdp: FSDP inference is on (FSDP itself is not done here).
         component: the component's name, for messages and the report.
         adopt: False copies every tensor, eligible or not (the benchmark's copy path).
+        reading: how the files are read (`reference.reading.ReadOptions`); None is the default:
+            every load reads views of the file's map, as before the pool existed, without
+            prefetch. Given options (`workers` of 1 or more) send the loads that copy every
+            tensor (adopt=False, direct mode) through the bounded reader pool, whose buffers
+            become the copied tensors where no conversion or `weight_loader` is involved;
+            `prefetch` populates a zero-copy load's maps in the background (the load does not
+            wait for it).
         steps: the steps of the load (see `DiTSteps`); the reference's by default.
         host_bytes: the host memory the load may take (default: what the host has available,
             `reference.host_memory.available_host_bytes`). A load onto the CPU that would copy
@@ -152,7 +217,13 @@ def load_dit(
             )
     module = build_dit(build, device, component=component)
     steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
-    reader = steps.reader(opened)
+    direct = plan.load_full_state_dict_on_device
+    if steps.reader is not None:
+        reader = steps.reader(opened)
+    else:
+        reader = dit_reader(
+            opened, module, reading=reading, copies_every_tensor=direct or not adopt, device=device
+        )
     in_flight: list[str] = []  # the tensor being loaded, so a mismatch can name its file
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
@@ -168,8 +239,9 @@ def load_dit(
             tensors(),
             load_device=device,
             kinds=kinds,
-            direct=plan.load_full_state_dict_on_device,
+            direct=direct,
             adopt=adopt,
+            fresh=reader.fresh_names,
             steps=steps.adopt,
             host_bytes=host_bytes if device.type == "cpu" else None,
             component=component,

@@ -106,13 +106,25 @@ def fill_slot(reader: TensorReader, slot: Slot, *, device: torch.device) -> torc
 
     The tensor the reader returns (on CPU, a view into the file's private map) is local to this
     function, so it is gone when the function returns: the slot holds its own storage, converted
-    to the slot's dtype. A parameter keeps its `requires_grad` and Python attributes (VAE-10).
+    to the slot's dtype. Where the reader's tensors are fresh buffers of their own
+    (`reader.fresh_names`: the pool's) and one already is what the slot needs (a CPU target, the
+    slot's dtype and shape), it becomes the slot's tensor without a second copy. A parameter
+    keeps its `requires_grad` and Python attributes (VAE-10).
 
     Returns:
         The tensor now held by the slot.
     """
     source = reader.read(slot.name, device=CPU)
-    tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device).copy_(source)
+    if (
+        slot.name in reader.fresh_names
+        and device.type == "cpu"
+        and source.dtype == slot.dtype
+        and tuple(source.shape) == slot.shape
+        and source.is_contiguous()
+    ):
+        tensor = source
+    else:
+        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device).copy_(source)
     if slot.is_parameter:
         previous = slot.owner._parameters[slot.attr]
         param = nn.Parameter(tensor, requires_grad=slot.requires_grad and grad_allowed(slot.dtype))

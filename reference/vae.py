@@ -34,6 +34,7 @@ from torch import nn
 from reference.checkpoint import (
     Checkpoint,
     StreamingReader,
+    TensorInfo,
     TensorReader,
     open_checkpoint,
     skipped_notes,
@@ -41,12 +42,15 @@ from reference.checkpoint import (
 from reference.errors import ComponentCheckpointUnsupportedError
 from reference.host_memory import available_host_bytes, refuse_beyond_host, slot_bytes
 from reference.modules import (
+    Slot,
     build_on_meta,
     rebuild_non_persistent_buffers,
     refuse_unrebuildable_buffers,
 )
 from reference.plan import WeightLoadPlan
+from reference.pool import PooledReader
 from reference.quantization import QuantizationSpec
+from reference.reading import ReadOptions, pool_options
 from reference.report import LoadReport, TensorRecord
 from reference.slots import REFERENCE_SLOT_CHECKS, SlotChecks, state_slots
 from reference.stream import StreamPlan, preflight, stream
@@ -63,6 +67,7 @@ __all__ = [
     "load_vae",
     "refuse_quantized_metadata",
     "refuse_unsupported_config",
+    "vae_reader",
 ]
 
 # Where a VAE's quantization shows up: its component config, or its checkpoint's __metadata__.
@@ -114,17 +119,46 @@ def refuse_quantized_metadata(
             )
 
 
+def vae_reader(
+    checkpoint: Checkpoint,
+    slots: Mapping[str, Slot],
+    *,
+    reading: ReadOptions | None,
+    device: torch.device,
+) -> TensorReader:
+    """The reference's reader for one VAE stream into `slots`, which copies every tensor.
+
+    The bounded pool where `reference.reading.pool_options` says so (given options; not by
+    default); onto the CPU it reads the tensors whose buffers become their slots' tensors as
+    they are (the slot's dtype), and the others, which are converted, are copied from the
+    file's map, mapped for one tensor at a time. Without the pool, a `StreamingReader`.
+    """
+    pool = pool_options(reading, device=device)
+    if pool is None:
+        return StreamingReader(checkpoint)
+    if device.type != "cpu":
+        return PooledReader(checkpoint, pool, streaming=True)
+
+    def kept(info: TensorInfo) -> bool:
+        slot = slots.get(info.name)
+        return slot is not None and slot.dtype == info.dtype and slot.shape == info.shape
+
+    return PooledReader(checkpoint, pool, pooled=kept, streaming=True)
+
+
 @dataclass(frozen=True)
 class VAESteps:
     """The steps of `load_vae` a caller may replace, each with the reference's default, in the
     order they run: build, buffer refusal, slot checks, preflight, reader, stream, buffer
-    rebuild, state check. A loader that differs in one step passes its own."""
+    rebuild, state check. A loader that differs in one step passes its own. `reader` None is
+    the reference's choice (`vae_reader`, tuned by `load_vae`'s `reading`); a reader given here
+    reads every load, whatever `reading` says."""
 
     build: Callable[..., nn.Module] = build_on_meta
     refuse_buffers: Callable[..., tuple[str, ...]] = refuse_unrebuildable_buffers
     slot_checks: SlotChecks = REFERENCE_SLOT_CHECKS
     preflight: Callable[..., StreamPlan] = preflight
-    reader: Callable[[Checkpoint], TensorReader] = StreamingReader
+    reader: Callable[[Checkpoint], TensorReader] | None = None
     stream: Callable[..., tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]] = stream
     rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
     check_state_kept: Callable[..., None] = check_state_kept
@@ -149,6 +183,7 @@ def load_vae(
     quantization: QuantizationSpec | None = None,
     decode_dtype: torch.dtype | None = None,
     channels_last_3d: bool = False,
+    reading: ReadOptions | None = None,
     steps: VAESteps = REFERENCE_VAE_STEPS,
     host_bytes: int | None = None,
 ) -> tuple[nn.Module, LoadReport]:
@@ -167,6 +202,11 @@ def load_vae(
         quantization: a requested quantization; direct loading refuses any.
         decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
         channels_last_3d: store Conv3d weights in channels_last_3d.
+        reading: how the files are read (`reference.reading.ReadOptions`); None is the default:
+            one tensor at a time from the file's map (`StreamingReader`). Given options
+            (`workers` of 1 or more) read through the bounded reader pool: K tensors or B bytes
+            read ahead, each buffer becoming its slot's tensor onto the CPU where no conversion
+            is needed, so memory holds the module and at most the window.
         steps: the steps of the load (see `VAESteps`); the reference's by default.
         host_bytes: the host memory the load may take (default: what the host has available).
             A CPU load whose slots need more is refused after the preflight, before any tensor
@@ -200,7 +240,10 @@ def load_vae(
         what = "streaming every tensor into the CPU model"
         fix = VAE_FIX.format(component=component)
         refuse_beyond_host(component, needed, available=host_bytes, what=what, fix=fix)
-    reader = steps.reader(checkpoint)
+    if steps.reader is not None:
+        reader = steps.reader(checkpoint)
+    else:
+        reader = vae_reader(checkpoint, slots, reading=reading, device=device)
     try:
         records, filled = steps.stream(reader, slots, plan, device=device)
     finally:

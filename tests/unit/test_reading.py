@@ -1,0 +1,486 @@
+"""The reference's own readers: the bounded pool (reference.pool), prefetch (reference.prefetch)
+and their options (reference.reading).
+
+Timings are never asserted here; only values, where bytes live, what is in flight, which
+threads are left and which errors are raised where.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from reference import pool as pool_mod
+from reference.checkpoint import TensorReader, open_checkpoint
+from reference.dit import load_dit
+from reference.errors import ArgumentError, CheckpointError
+from reference.header import TensorInfo
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.dit import PlainDiT, TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.file_maps import file_position, maps_missing
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.vae import StandardVAE
+from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
+from reference.plan import WeightLoadPlan
+from reference.pool import READER_THREAD_NAME, PooledReader
+from reference.prefetch import PREFETCH_THREAD_NAME, prefetch_supported
+from reference.reading import ReadOptions, pool_options
+from reference.vae import load_vae
+
+pytestmark = pytest.mark.internal
+
+CPU = torch.device("cpu")
+OFFLOAD = WeightLoadPlan(checkpoint_load_device=CPU)
+SMALL = ReadOptions(workers=3, max_tensors=2, max_bytes=64)
+
+
+def reader_threads() -> set[threading.Thread]:
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith((READER_THREAD_NAME, PREFETCH_THREAD_NAME))
+    }
+
+
+@pytest.fixture
+def no_thread_left() -> Iterator[None]:
+    before = reader_threads()
+    yield
+    assert reader_threads() <= before, "a reader or prefetch thread outlived its reader"
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 16 bytes, so that small test tensors are split across the workers."""
+    monkeypatch.setattr(pool_mod, "CHUNK_BYTES", 16)
+
+
+def mixed_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {
+        "a_large": torch.randn(64, 8),  # 2 KiB: larger than SMALL.max_bytes
+        "b_empty": torch.zeros(0, 4),
+        "c_half": torch.randn(7, 3).to(torch.float16),
+        "d_int": torch.arange(5, dtype=torch.int64),
+        "e_byte": torch.tensor([3], dtype=torch.uint8),
+        "f_scalar": torch.tensor(2.5),
+        "g_bool": torch.tensor([True, False, True]),
+    }
+
+
+def every_tensor(reader: TensorReader) -> dict[str, torch.Tensor]:
+    return {name: reader.read(name, device=CPU) for name in reader}
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+# --- ReadOptions -------------------------------------------------------------------------------
+
+
+def test_read_options_are_keyword_only_frozen_and_defaulted() -> None:
+    options = ReadOptions(prefetch=True)
+    assert options.workers >= 1
+    assert options.max_tensors >= 1
+    assert options.max_bytes >= 1
+    with pytest.raises(TypeError):
+        ReadOptions(2, 4, 1024)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        options.workers = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"workers": -1}, "workers"),
+        ({"workers": 2.0}, "workers"),
+        ({"workers": True}, "workers"),
+        ({"max_tensors": 0}, "max_tensors"),
+        ({"max_tensors": "4"}, "max_tensors"),
+        ({"max_bytes": 0}, "max_bytes"),
+        ({"max_bytes": None}, "max_bytes"),
+        ({"prefetch": 1}, "prefetch"),
+        ({"prefetch": True, "workers": 0}, "prefetch"),
+    ],
+)
+def test_invalid_read_options_are_refused_naming_the_field(
+    fields: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ArgumentError, match=rf"ReadOptions\.{named}\b"):
+        ReadOptions(**fields)  # type: ignore[arg-type]
+
+
+def test_the_pool_is_opt_in_and_workers_0_turns_it_off() -> None:
+    assert pool_options(None, device=CPU) is None
+    assert pool_options(None, device=torch.device("meta")) is None
+    assert pool_options(SMALL, device=CPU) is SMALL
+    assert pool_options(ReadOptions(workers=0), device=CPU) is None
+    assert pool_options(SMALL, device=torch.device("meta")) is SMALL
+
+
+def test_a_pooled_reader_needs_a_worker(tmp_path: Path) -> None:
+    path = write_checkpoint({"a": torch.ones(2)}, tmp_path)
+    with pytest.raises(ArgumentError, match="workers"):
+        PooledReader(open_checkpoint(path), ReadOptions(workers=0))
+
+
+# --- the pool: values, freshness, the in-flight bound ---------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_pooled_values_equal_the_file_each_in_a_fresh_buffer(
+    tmp_path: Path, small_chunks: None, no_thread_left: None, shards: int
+) -> None:
+    state = mixed_state()
+    path = write_checkpoint(state, tmp_path, shards=shards)
+    reader = PooledReader(open_checkpoint(path), SMALL)
+    try:
+        read = every_tensor(reader)
+    finally:
+        reader.close()
+    assert reader.fresh_names == frozenset(state)
+    for name, tensor in state.items():
+        assert same(read[name], tensor), name
+        # its own storage, not a view of a file map or of a shared buffer
+        assert read[name].untyped_storage().nbytes() == tensor.nbytes, name
+        if tensor.nbytes and maps_missing() is None:
+            assert file_position(read[name]) is None, name
+
+
+def _misaligned(path: Path) -> Path:
+    """u8 (1 byte) then f16 (2 elements at an odd file offset) then f32 (aligned)."""
+    f16 = torch.tensor([1.5, -2.0], dtype=torch.float16)
+    f32 = torch.tensor([3.0], dtype=torch.float32)
+    header = {
+        "u8": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        "f16": {"dtype": "F16", "shape": [2], "data_offsets": [1, 5]},
+        "pad": {"dtype": "U8", "shape": [3], "data_offsets": [5, 8]},
+        "f32": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    data = b"\x07" + f16.numpy().tobytes() + b"\0\0\0" + f32.numpy().tobytes()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+    return path
+
+
+def test_a_misaligned_tensor_is_read_whole(tmp_path: Path, no_thread_left: None) -> None:
+    reader = PooledReader(open_checkpoint(_misaligned(tmp_path / "m.safetensors")), SMALL)
+    try:
+        read = every_tensor(reader)
+    finally:
+        reader.close()
+    assert same(read["f16"], torch.tensor([1.5, -2.0], dtype=torch.float16))
+    assert same(read["f32"], torch.tensor([3.0]))
+    assert same(read["u8"], torch.tensor([7], dtype=torch.uint8))
+
+
+class CountingReader(PooledReader):
+    """Records the window (tensors, bytes in flight) each time a tensor enters it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.windows: list[tuple[int, int]] = []
+
+    def _schedule(self, info: TensorInfo) -> None:
+        super()._schedule(info)
+        self.windows.append((len(self._in_flight), self._in_flight_bytes))
+
+
+@pytest.mark.parametrize(("max_tensors", "max_bytes"), [(2, 10_000), (8, 300), (3, 1)])
+def test_at_most_k_tensors_and_b_bytes_are_in_flight(
+    tmp_path: Path, small_chunks: None, max_tensors: int, max_bytes: int
+) -> None:
+    state = {f"t{n:02d}": torch.full((n % 5 + 1, 16), float(n)) for n in range(24)}
+    state["big"] = torch.ones(1024)  # 4 KiB, larger than every max_bytes here but one
+    path = write_checkpoint(state, tmp_path)
+    options = ReadOptions(workers=2, max_tensors=max_tensors, max_bytes=max_bytes)
+    reader = CountingReader(open_checkpoint(path), options)
+    try:
+        read = every_tensor(reader)
+    finally:
+        reader.close()
+    assert all(same(read[name], tensor) for name, tensor in state.items())
+    assert len(reader.windows) == len(state)  # every tensor went through the window once
+    for tensors, nbytes in reader.windows:
+        assert tensors <= max_tensors
+        assert tensors == 1 or nbytes <= max_bytes  # a tensor larger than B goes alone
+    if max_bytes >= 10_000:
+        assert max(t for t, _ in reader.windows) == max_tensors  # the window was used
+
+
+def test_names_read_out_of_order_or_twice_are_still_right(
+    tmp_path: Path, small_chunks: None, no_thread_left: None
+) -> None:
+    state = mixed_state()
+    path = write_checkpoint(state, tmp_path)
+    reader = PooledReader(open_checkpoint(path), SMALL)
+    try:
+        names = list(reader)
+        for name in [*reversed(names), *names]:
+            assert same(reader.read(name, device=CPU), state[name]), name
+        with pytest.raises(KeyError):
+            reader.read("missing", device=CPU)
+    finally:
+        reader.close()
+
+
+def test_tensors_not_pooled_are_views_of_the_map(tmp_path: Path) -> None:
+    if maps_missing() is not None:
+        pytest.skip(maps_missing())
+    state = {"kept": torch.randn(64), "mapped": torch.randn(64)}
+    path = write_checkpoint(state, tmp_path)
+    reader = PooledReader(open_checkpoint(path), SMALL, pooled=lambda info: info.name == "kept")
+    try:
+        read = every_tensor(reader)
+        assert reader.fresh_names == {"kept"}
+        assert file_position(read["kept"]) is None
+        assert file_position(read["mapped"]) is not None
+        assert all(same(read[n], state[n]) for n in state)
+    finally:
+        reader.close()
+
+
+# --- errors reach the caller's thread; no thread is left --------------------------------------
+
+
+class TruncatesAfterCheck(PooledReader):
+    """Truncates the file right after its descriptor passed the identity and size checks, so
+    the reader threads find the file shorter than the header says."""
+
+    def _descriptor(self, info: TensorInfo) -> int:
+        fd = super()._descriptor(info)
+        if info.file.stat().st_size > info.start + 40:
+            os.truncate(info.file, info.start + 40)
+        return fd
+
+
+def test_a_file_truncated_after_its_check_fails_on_the_callers_thread(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    state = {"a": torch.randn(64), "b": torch.randn(64)}
+    path = write_checkpoint(state, tmp_path)
+    before = threading.enumerate()
+    reader = TruncatesAfterCheck(open_checkpoint(path), SMALL)
+    with pytest.raises(CheckpointError) as caught:
+        every_tensor(reader)
+    assert (caught.value.file, caught.value.entry) == (str(path), "a")
+    assert "truncated" in caught.value.problem
+    assert set(threading.enumerate()) <= set(before), "a reader thread was left behind"
+    with pytest.raises(CheckpointError):  # a failed reader stays failed
+        reader.read("b", device=CPU)
+    reader.close()
+
+
+def test_a_file_replaced_after_its_header_was_read_is_refused_before_reading(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    path = write_checkpoint({"a": torch.randn(8)}, tmp_path)
+    checkpoint = open_checkpoint(path)
+    write_checkpoint({"a": torch.randn(9)}, tmp_path)
+    reader = PooledReader(checkpoint, SMALL)
+    with pytest.raises(CheckpointError) as caught:
+        reader.read("a", device=CPU)
+    assert (caught.value.file, caught.value.entry) == (str(path), "a")
+    assert "changed since its header was read" in caught.value.problem
+
+
+def test_a_load_through_the_pool_fails_cleanly_on_a_truncated_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_chunks: None
+) -> None:
+    """load_vae reading through the pool: a file cut after its check fails the load
+    with the reader's error, on this thread, leaving no reader thread behind."""
+    torch.manual_seed(0)
+    state = {k: v.detach().clone() for k, v in StandardVAE().state_dict().items()}
+    path = write_vae_checkpoint(state, tmp_path)
+    monkeypatch.setattr("reference.vae.PooledReader", TruncatesAfterCheck)
+    before = threading.enumerate()
+    with pytest.raises(CheckpointError) as caught:
+        load_vae(StandardVAE, path, device=CPU, reading=SMALL)
+    assert caught.value.file == str(path)
+    assert caught.value.entry in state
+    assert set(threading.enumerate()) <= set(before)
+
+
+# --- the loads: the copy path and VAE streaming keep fresh buffers; adoption keeps views --------
+
+
+def test_copy_path_keeps_pooled_buffers_and_adoption_keeps_map_views(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    if maps_missing() is not None:
+        pytest.skip(maps_missing())
+    with torch.device("meta"):
+        state_shapes = PlainDiT().state_dict()
+    torch.manual_seed(0)
+    state = {name: torch.randn(t.shape).to(t.dtype) for name, t in state_shapes.items()}
+    path = write_checkpoint(state, tmp_path)
+
+    copied, report = load_dit(
+        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=SMALL
+    )
+    assert report.copied.bytes == sum(t.nbytes for t in state.values())
+    for name, tensor in copied.state_dict().items():
+        assert same(tensor, state[name]), name
+        assert file_position(tensor) is None, f"{name} is a view of the file, not a copy"
+    assert not isinstance(copied.time_scale, nn.Parameter)  # buffers stay buffers (ZC-15)
+
+    adopted, report = load_dit(PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, reading=SMALL)
+    params = dict(adopted.named_parameters())
+    assert report.adopted.bytes == sum(p.nbytes for p in params.values())
+    for name, param in params.items():
+        assert same(param.detach(), state[name]), name
+        assert file_position(param) is not None, f"{name} was not adopted from the file"
+
+
+def test_copy_path_runs_weight_loaders_on_views_of_the_map(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    """TinyDiT's linears carry weight_loaders: their tensors are read from the map (the loader
+    copies them), the others through the pool; every value equals the checkpoint."""
+    path, state = write_dit_checkpoint(tmp_path)
+    module, report = load_dit(
+        TinyDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=SMALL
+    )
+    assert report.adopted.tensors == 0
+    loaded = module.state_dict()
+    for name, tensor in state.items():
+        assert same(loaded[name], tensor), name
+        if maps_missing() is None:
+            assert file_position(loaded[name]) is None, name
+
+
+def test_vae_streaming_through_the_pool_fills_each_slot_with_its_own_tensor(
+    tmp_path: Path, small_chunks: None, no_thread_left: None
+) -> None:
+    torch.manual_seed(1)
+    state = {k: v.detach().clone() for k, v in StandardVAE().state_dict().items()}
+    path = write_vae_checkpoint(state, tmp_path, shards=2)
+    for reading in (None, SMALL, ReadOptions(workers=0)):
+        module, report = load_vae(StandardVAE, path, device=CPU, reading=reading)
+        loaded = module.state_dict()
+        for name, tensor in state.items():
+            assert same(loaded[name], tensor), name
+            assert loaded[name].untyped_storage().nbytes() == tensor.nbytes, name
+        assert {r.how for r in report.records} == {"streamed"}
+
+
+# --- prefetch ----------------------------------------------------------------------------------
+
+
+def drop_pages(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident_pages(address: int, length: int) -> tuple[int, int]:
+    """(pages resident, pages) of the map range, by mincore."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = address - address % page
+    count = -(-(address + length - start) // page)
+    vector = (ctypes.c_ubyte * count)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(count * page), vector) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(v & 1 for v in vector), count
+
+
+def mapped_rss(address: int) -> int:
+    """Resident bytes of the mapping holding `address`: its populated pages (smaps' Rss)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping holds the address")
+
+
+@pytest.fixture
+def linux_prefetch() -> None:
+    if not sys.platform.startswith("linux") or not prefetch_supported():
+        pytest.skip("prefetch needs Linux's madvise; elsewhere it is off, by design")
+
+
+def test_prefetch_makes_the_map_resident_and_leaves_values_identical(
+    tmp_path: Path, linux_prefetch: None
+) -> None:
+    torch.manual_seed(2)
+    state = {f"w{n}": torch.randn(256, 256) for n in range(8)}  # 2 MiB
+    path = write_checkpoint(state, tmp_path)
+    checkpoint = open_checkpoint(path)
+    drop_pages(path)
+    reader = TensorReader(checkpoint, prefetch=3)
+    first = reader.read("w0", device=CPU)  # maps the file: the prefetch starts
+    assert len(reader.prefetches) == 1
+    prefetch = reader.prefetches[0]
+    assert prefetch.wait(timeout=60)
+    read = every_tensor(reader)
+    reader.close()
+    assert all(same(read[name], tensor) for name, tensor in state.items())
+    base = first.untyped_storage().data_ptr()
+    size = path.stat().st_size
+    resident, pages = resident_pages(base, size)
+    assert resident == pages, f"{pages - resident} of {pages} pages not resident"
+    if prefetch.method == "populate":  # the page tables themselves were filled
+        assert mapped_rss(base) >= size - os.sysconf("SC_PAGE_SIZE")
+    assert not reader_threads()
+
+
+def test_a_zero_copy_load_with_prefetch_adopts_map_views_and_returns(
+    tmp_path: Path, linux_prefetch: None
+) -> None:
+    with torch.device("meta"):
+        shapes = PlainDiT().state_dict()
+    torch.manual_seed(3)
+    state = {name: torch.randn(t.shape).to(t.dtype) for name, t in shapes.items()}
+    path = write_checkpoint(state, tmp_path)
+    drop_pages(path)
+    module, report = load_dit(
+        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, reading=ReadOptions(prefetch=True)
+    )
+    for thread in reader_threads():  # the load did not wait; the threads end on their own
+        thread.join(timeout=60)
+    assert not reader_threads()
+    params = dict(module.named_parameters())
+    assert report.adopted.bytes == sum(p.nbytes for p in params.values())
+    for name, tensor in module.state_dict().items():
+        assert same(tensor, state[name]), name
+    if maps_missing() is None:
+        assert all(file_position(p) is not None for p in params.values())
+
+
+def test_prefetch_does_not_apply_to_a_load_through_the_pool(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    with torch.device("meta"):
+        shapes = PlainDiT().state_dict()
+    state = {name: torch.ones(t.shape, dtype=t.dtype) for name, t in shapes.items()}
+    path = write_checkpoint(state, tmp_path)
+    reading = ReadOptions(workers=2, prefetch=True)
+    module, _ = load_dit(
+        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=reading
+    )
+    assert not reader_threads()  # nothing was left populating a map
+    for name, tensor in module.state_dict().items():
+        assert same(tensor, state[name]), name
+        if maps_missing() is None:
+            assert file_position(tensor) is None, name
