@@ -11,8 +11,9 @@ process; the figures are medians per (path, cache). The ratios the project's per
 rest on are computed from them and checked against their targets (`reference.bench.ratios`).
 Linux only: memory is read from /proc/self/status.
 
-The default run (512 MiB, 5 repetitions, both caches) took about N_MINUTES minutes on the 2 vCPUs
-this was written on; `--cache warm --reps 1` is the quick look.
+The default run (512 MiB, 5 repetitions, both caches: about 300 runs) took 3 min 43 s on the
+2 vCPUs this was written on, with other work sharing them (load average 4.3 before, 5.6 after);
+`--cache warm --reps 1` is the quick look.
 
 Figures per (path, cache) (bytes are growth over the process's state before the load):
     cached: fraction of the path's checkpoint pages in the page cache when the clock started
@@ -277,7 +278,7 @@ def run_bench(
     """Measure every path at every size; returns the JSON document (see the module docstring)."""
     no_cuda = None if platform.cuda_available() else f"no CUDA device ({describe(platform)})"
     document: dict[str, Any] = {
-        "schema": "reference-bench/1",
+        "schema": "reference-bench/2",
         "command": command,
         "repetitions": reps,
         "machine": machine(platform, threads),
