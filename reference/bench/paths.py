@@ -375,8 +375,9 @@ PATHS: dict[str, PathSpec] = {
         lambda job, _: dit(job, device=CPU), about="reference DiT, CPU offload (zero-copy)"
     ),
     "dit_zero_copy_prefetch": PathSpec(
-        lambda job, _: dit(job, device=CPU, reading=prefetch_options()),
+        lambda job, options: dit(job, device=CPU, reading=options),
         requires=READING,
+        setup=lambda job: prefetch_options(),
         about="reference DiT, CPU offload (zero-copy), ReadOptions(prefetch=True)",
     ),
     "dit_copy": PathSpec(

@@ -6,11 +6,14 @@ arithmetic of the ratios.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.machinery
 import itertools
 import json
 import math
 import os
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +355,39 @@ def test_the_prefetch_path_is_skipped_without_reference_reading(
     assert tensors_in_flight() == 1
     with pytest.raises(RuntimeError, match=r"reference\.reading"):
         bench_paths.prefetch_options()
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeReadOptions:
+    """The shape `reference.reading.ReadOptions` is specified to have."""
+
+    workers: int = 2
+    max_tensors: int = 3
+    max_bytes: int = 1 << 30
+    prefetch: bool = False
+
+
+def test_the_prefetch_path_passes_read_options_with_prefetch_on(
+    folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reading = types.ModuleType(bench_paths.READING)
+    reading.__spec__ = importlib.machinery.ModuleSpec(bench_paths.READING, None)
+    reading.ReadOptions = FakeReadOptions  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, bench_paths.READING, reading)
+    seen: list[Any] = []
+
+    def load_dit(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
+        seen.append(reading)
+        return real_load_dit(*args, **kwargs)
+
+    real_load_dit = bench_paths.load_dit
+    monkeypatch.setattr(bench_paths, "load_dit", load_dit)
+    spec = bench_paths.PATHS["dit_zero_copy_prefetch"]
+    assert unavailable(spec, None) is None
+    assert tensors_in_flight() == 3
+    result = bench_paths.run(bench_paths.Job("dit_zero_copy_prefetch", folder[0], "time"))
+    assert result["adopted"] > 0
+    assert seen == [FakeReadOptions(prefetch=True)]
 
 
 def test_zero_copy_adopts_and_the_copy_path_copies(folder: tuple[Path, dict[str, Any]]) -> None:
