@@ -348,17 +348,21 @@ def limit_paths() -> dict[str, PathSpec]:
     for n in limits.thread_counts():
         specs[f"preadv_{n}"] = PathSpec(
             _threaded(limits.preadv, n),
-            about=f"limit: os.preadv, a share on each of {n} threads, fresh buffer",
+            about=f"limit: os.preadv on {_threads(n)}, a share each, fresh buffer",
             limit=True,
         )
     for n in limits.thread_counts():
         specs[f"map_copy_{n}"] = PathSpec(
             _threaded(limits.map_copy, n),
-            about=f"limit: copy_ from a private map, a share on each of {n} threads, fresh buffer",
+            about=f"limit: copy_ from a private map on {_threads(n)}, a share each, fresh buffer",
             caches=("warm",),
             limit=True,
         )
     return specs
+
+
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else f"{n} threads"
 
 
 def _threaded(
