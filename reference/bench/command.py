@@ -1,23 +1,34 @@
 """`python -m reference bench`: peak memory and time of every loading path, side by side.
 
     python -m reference bench [--size-mib N] [--sizes 64,256,...] [--reps R] [--threads T]
-                              [--json PATH] [--plot PATH]
+                              [--cache warm|cold|both] [--json PATH] [--plot PATH]
 
 For each size, a DiT and a VAE checkpoint of about N MiB are written into a temporary folder
 (outside every measured run). Each path of `reference.bench.paths.PATHS` then runs R times timed
-and R times sampled for memory, each run in a fresh process, on a warm page cache; the figures
-are medians. The ratios the project's performance claims rest on are computed from them and
-checked against their targets (`reference.bench.ratios.RATIOS`). Linux only: memory is read
-from /proc/self/status.
+and R times sampled for memory in each page-cache state (warm: its files read just before the
+run; cold: their pages dropped just before it, `reference.bench.cache`), each run in a fresh
+process; the figures are medians per (path, cache). The ratios the project's performance claims
+rest on are computed from them and checked against their targets (`reference.bench.ratios`).
+Linux only: memory is read from /proc/self/status.
 
-Figures per path (bytes are growth over the process's state before the load):
-    load_s, load_read_s: wall time of the load, and of the load plus one read of every weight
+The default run (512 MiB, 5 repetitions, both caches: about 300 runs) took 3 min 43 s on the
+2 vCPUs this was written on, with other work sharing them (load average 4.3 before, 5.6 after);
+`--cache warm --reps 1` is the quick look.
+
+Figures per (path, cache) (bytes are growth over the process's state before the load):
+    cached: fraction of the path's checkpoint pages in the page cache when the clock started
+    load_s: wall time of the load
+    resident_s: wall time of the load followed by one read of every loaded byte; for the lazy
+        paths (adoption, load_file_assign) that is the time until every byte is resident
     load_cpu_s: CPU time of the load (all threads; steadier than wall time on a busy machine)
     anon_peak, file_peak: peak anonymous / file-backed resident memory during the load
     anon_end, file_end: the same right after the load
     anon_peak_read, file_peak_read: the peaks through the load and the read
     device_peak: peak CUDA memory allocated during the load (CUDA paths)
     adopted, copied, streamed: bytes by fate; host_anon_bytes: the loaded state in private memory
+    throughput: the path's bytes (a limit's: the whole file's) over load_s
+The `best_read` row is, per cache state, the fastest limit row (`reference.bench.limits`), named
+in its `of` field; the ratios divide by it. A (path, cache) that could not run holds `skipped`.
 """
 
 from __future__ import annotations
@@ -35,13 +46,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from reference.bench.paths import DIFFUSERS_FOLDER, PATHS, PathSpec, library_missing
+from reference.bench.cache import CACHES
+from reference.bench.paths import (
+    DIFFUSERS_FOLDER,
+    PATHS,
+    PathSpec,
+    library_missing,
+    module_missing,
+    reading_defaults,
+)
 from reference.bench.ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
 from reference.extras import install_hint
 from reference.platform import SYSTEM, Platform, describe
 
 __all__ = [
+    "BEST_READ",
+    "CACHE_CHOICES",
     "DEFAULT_REPS",
     "DEFAULT_SIZE_MIB",
     "MIB",
@@ -49,12 +70,14 @@ __all__ = [
     "Runner",
     "ServerRunner",
     "bench_command",
+    "best_read",
     "checkpoint_facts",
     "machine",
     "measure_size",
     "median_figures",
     "parse_sizes",
     "run_bench",
+    "tensors_in_flight",
     "unavailable",
     "write_folder",
 ]
@@ -66,6 +89,8 @@ DEFAULT_REPS = 5
 # reference.bench.paths).
 WARMUP_MIB = 1
 Runner = Callable[[dict[str, Any]], dict[str, Any]]
+BEST_READ = "best_read"
+CACHE_CHOICES = {"warm": ("warm",), "cold": ("cold",), "both": CACHES}
 
 
 def checkpoint_facts(path: Path) -> dict[str, int]:
@@ -98,10 +123,29 @@ def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
 
 
 def unavailable(spec: PathSpec, no_cuda: str | None) -> str | None:
-    """Why a path cannot run here (no CUDA, a missing library), or None."""
+    """Why a path cannot run here (no CUDA, a missing library or module), or None."""
     if spec.cuda and no_cuda is not None:
         return no_cuda
-    return library_missing(spec.library)
+    return library_missing(spec.library) or module_missing(spec.requires)
+
+
+def tensors_in_flight() -> int:
+    """K, the tensors the loader's reader holds at once by default (1 without a reader pool)."""
+    defaults = reading_defaults()
+    return 1 if defaults is None else int(defaults.max_tensors)
+
+
+def best_read(paths: Mapping[str, Mapping[str, Any]], cache: str) -> dict[str, Any] | None:
+    """The fastest measured limit row in `cache` (its figures, and its name as `of`), or None."""
+    measured = {
+        name: figures[cache]
+        for name, figures in paths.items()
+        if figures.get("limit") and "throughput" in figures.get(cache, {})
+    }
+    if not measured:
+        return None
+    name = max(measured, key=lambda n: measured[n]["throughput"])
+    return {k: v for k, v in measured[name].items() if k != "runs"} | {"of": name}
 
 
 def median_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -153,31 +197,57 @@ def measure_size(
     no_cuda: str | None,
     warmup: Path,
     threads: int | None = None,
+    caches: Sequence[str] = CACHES,
 ) -> dict[str, Any]:
-    """Run every path `reps` times in each mode (repetition-major, so noise spreads evenly)."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
+    """Run every path `reps` times in each mode and each of `caches` that the path is measured
+    in (repetition-major, so noise spreads evenly). A cold run that could not drop its pages
+    marks that (path, cache) skipped, and it is not run again."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    refused: dict[tuple[str, str], str] = {}
     for _ in range(reps):
         for name, spec in PATHS.items():
             if unavailable(spec, no_cuda) is not None:
                 continue
-            for mode in ("time", "memory"):
-                job: dict[str, Any] = {"path": name, "folder": str(folder), "mode": mode}
-                job |= {"warmup": str(warmup), "threads": threads}
-                result = runner(job)
-                if "error" in result:
-                    raise RuntimeError(f"bench path {name} ({mode}) failed:\n{result['error']}")
-                runs[name].append(result)
+            for cache in (c for c in caches if c in spec.caches):
+                for mode in ("time", "memory"):
+                    if (name, cache) in refused:
+                        break
+                    job: dict[str, Any] = {"path": name, "folder": str(folder), "mode": mode}
+                    job |= {"warmup": str(warmup), "threads": threads, "cache": cache}
+                    result = runner(job)
+                    if "error" in result:
+                        raise RuntimeError(
+                            f"bench path {name} ({mode}, {cache}) failed:\n{result['error']}"
+                        )
+                    if "skipped" in result:
+                        refused[name, cache] = result["skipped"]
+                        break
+                    runs.setdefault((name, cache), []).append(result)
     paths: dict[str, dict[str, Any]] = {}
     for name, spec in PATHS.items():
         reason = unavailable(spec, no_cuda)
         if reason is not None:
             paths[name] = {"skipped": reason, "about": spec.about}
             continue
-        figures: dict[str, Any] = median_figures(runs[name])
-        figures |= {"bytes": facts[spec.model]["bytes"], "model": spec.model, "about": spec.about}
-        figures["throughput"] = figures["bytes"] / figures["load_s"]
-        paths[name] = figures | {"runs": runs[name]}
-    size = facts | {"paths": paths}
+        model_bytes = facts[spec.model]["file_bytes" if spec.limit else "bytes"]
+        row: dict[str, Any] = {"about": spec.about, "model": spec.model, "bytes": model_bytes}
+        row["limit"] = spec.limit
+        for cache in (c for c in caches if c in spec.caches):
+            if (name, cache) in refused:
+                row[cache] = {"skipped": refused[name, cache]}
+                continue
+            figures: dict[str, Any] = median_figures(runs[name, cache])
+            figures["throughput"] = model_bytes / figures["load_s"]
+            row[cache] = figures | {"runs": runs[name, cache]}
+        paths[name] = row
+    best: dict[str, Any] = {"about": "limit: the fastest limit row of each cache state"}
+    best |= {"model": "dit", "bytes": facts["dit"]["file_bytes"], "limit": False}
+    for cache in caches:
+        fastest = best_read(paths, cache)
+        if fastest is not None:
+            best[cache] = fastest
+    size = facts | {"paths": paths | {BEST_READ: best}, "caches": list(caches)}
+    size["vae_tensors_in_flight"] = tensors_in_flight()
     size["ratios"] = compute_ratios(size)
     return size
 
@@ -200,6 +270,7 @@ def run_bench(
     reps: int,
     command: str,
     threads: int | None = None,
+    caches: Sequence[str] = CACHES,
     platform: Platform = SYSTEM,
     runner: Runner | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
@@ -207,7 +278,7 @@ def run_bench(
     """Measure every path at every size; returns the JSON document (see the module docstring)."""
     no_cuda = None if platform.cuda_available() else f"no CUDA device ({describe(platform)})"
     document: dict[str, Any] = {
-        "schema": "reference-bench/1",
+        "schema": "reference-bench/2",
         "command": command,
         "repetitions": reps,
         "machine": machine(platform, threads),
@@ -222,7 +293,10 @@ def run_bench(
                 folder = Path(tmp) / f"{size_mib}mib"
                 log(f"writing {size_mib} MiB DiT and VAE checkpoints into {folder}")
                 facts = write_folder(folder, size_mib)
-                log(f"measuring {size_mib} MiB: {reps} repetitions of each path, timed and sampled")
+                log(
+                    f"measuring {size_mib} MiB: {reps} repetitions of each path, timed and"
+                    f" sampled, page cache {' and '.join(caches)}"
+                )
                 run = runner or server
                 assert run is not None
                 results.append(
@@ -234,6 +308,7 @@ def run_bench(
                         no_cuda=no_cuda,
                         warmup=warmup,
                         threads=threads,
+                        caches=caches,
                     )
                 )
     finally:
@@ -273,6 +348,12 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
     parser.add_argument(
         "--threads", type=int, help="torch intra-op threads in the runs (default: torch's own)"
     )
+    parser.add_argument(
+        "--cache",
+        choices=sorted(CACHE_CHOICES),
+        default="both",
+        help="page-cache state of the runs: warm, cold or both (default both)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -290,7 +371,12 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
     sizes = args.sizes or (args.size_mib,)
     command = shlex.join(["python", "-m", "reference", "bench", *argv])
     document = run_bench(
-        sizes, reps=args.reps, command=command, threads=args.threads, platform=platform
+        sizes,
+        reps=args.reps,
+        command=command,
+        threads=args.threads,
+        caches=CACHE_CHOICES[args.cache],
+        platform=platform,
     )
     print(format_document(document))
     if args.json:

@@ -10,13 +10,24 @@ With a warm-up folder, the path first loads those (small) checkpoints, unmeasure
 costs of a process's first load (first calls, lazy caches, the copy-on-write faults of a forked
 child) are not charged to the measured load: they are a fixed few milliseconds, not a cost per
 byte.
+
+Each run starts from the page-cache state its job names (`reference.bench.cache`): "warm" reads
+the path's checkpoint files once, "cold" drops their pages, both right before the clock starts;
+the fraction of their pages cached at that moment is the run's `cached` figure. A cold run whose
+pages could not be dropped reports why (`skipped`) instead of figures.
+
+The limit paths (`reference.bench.limits`) read the whole DiT checkpoint file; the prefetch path
+needs `reference.reading` (its `ReadOptions`), and is unavailable without it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
+import gc
 import importlib
+import importlib.util
 import inspect
 import json
 import time
@@ -28,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from reference.bench import limits
+from reference.bench.cache import CACHES, cached_fraction, make_cold, make_warm
 from reference.dit import load_dit
 from reference.extras import install_hint
 from reference.memory import PeakSampler, resident
@@ -40,6 +53,7 @@ __all__ = [
     "DIFFUSERS_FOLDER",
     "MODES",
     "PATHS",
+    "READING",
     "Job",
     "Loaded",
     "PathSpec",
@@ -51,12 +65,16 @@ __all__ = [
     "from_report",
     "full_state",
     "library_missing",
+    "limit_paths",
+    "module_missing",
     "module_tensors",
     "pinned_h2d",
     "pinned_host",
+    "prefetch_options",
     "read_all",
-    "readinto",
+    "reading_defaults",
     "run",
+    "start_cache",
     "state_dict_load",
     "synchronize",
     "vae_stream",
@@ -68,15 +86,39 @@ DIFFUSERS_FOLDER = "ddit"
 """The benchmark folder's diffusers pipeline (written when diffusers is installed)."""
 
 
+READING = "reference.reading"
+"""The loader's read options (`ReadOptions`), which the prefetch path needs."""
+
+
 def library_missing(library: str | None) -> str | None:
     """Why a path's optional library cannot be used here, or None."""
     if library is None:
         return None
-    import importlib.util
-
     if importlib.util.find_spec(library) is None:
         return f"{library} is not installed ({install_hint(library)})"
     return None
+
+
+def module_missing(module: str | None) -> str | None:
+    """Why a path's module of this project is not in this tree, or None."""
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return f"{module} not available"
+
+
+def reading_defaults() -> Any | None:
+    """The loader's default `ReadOptions` (`reference.reading`), or None without that module."""
+    if module_missing(READING) is not None:
+        return None
+    return importlib.import_module(READING).ReadOptions()
+
+
+def prefetch_options() -> Any:
+    """The default read options with prefetching on."""
+    defaults = reading_defaults()
+    if defaults is None:
+        raise RuntimeError(f"the prefetch path needs {READING}")
+    return dataclasses.replace(defaults, prefetch=True)
 
 
 @dataclass
@@ -102,13 +144,14 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Job:
-    """One run: which path, on which benchmark folder, timed or sampled."""
+    """One run: which path, on which benchmark folder, timed or sampled, warm or cold."""
 
     path: str
     folder: Path
     mode: str = "time"
     warmup: Path | None = None
     threads: int | None = None  # torch's intra-op threads for the run; None keeps torch's default
+    cache: str = "warm"  # the page-cache state the run starts from: "warm" or "cold"
 
     @functools.cached_property
     def shapes(self) -> Any:
@@ -119,6 +162,12 @@ class Job:
 
     def checkpoint(self, model: str) -> Path:
         return self.folder / model / "model.safetensors"
+
+    def files(self, model: str) -> tuple[Path, ...]:
+        """The checkpoint files `model` ("dit", "vae", "ddit") is read from."""
+        if model == DIFFUSERS_FOLDER:
+            return tuple(sorted((self.folder / DIFFUSERS_FOLDER).glob("*/*.safetensors")))
+        return (self.checkpoint(model),)
 
 
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -171,7 +220,8 @@ def read_all(tensors: list[torch.Tensor]) -> int:
         torch.set_num_threads(threads)
 
 
-def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
+def dit(job: Job, *, device: torch.device, adopt: bool = True, reading: Any = None) -> Loaded:
+    """The reference DiT loader; `reading` (a `ReadOptions`) is passed only when given."""
     from reference.kit.fakes.layers import LINEAR_KINDS
 
     direct = device.type != "cpu"
@@ -184,8 +234,9 @@ def dit(job: Job, *, device: torch.device, adopt: bool = True) -> Loaded:
             component_cpu_offload=True,
         )
     )
+    options = {} if reading is None else {"reading": reading}
     module, report = load_dit(
-        job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt
+        job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt, **options
     )
     return from_report(module, report)
 
@@ -254,19 +305,6 @@ def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -
     return Loaded(module)
 
 
-def readinto(job: Job) -> Loaded:
-    """The machine's limit: one read of the DiT checkpoint file into a fresh buffer."""
-    path = job.checkpoint("dit")
-    size = path.stat().st_size
-    buffer = torch.empty(size, dtype=torch.uint8)
-    view = memoryview((ctypes.c_char * size).from_address(buffer.data_ptr())).cast("B")
-    done = 0
-    with path.open("rb", buffering=0) as f:
-        while done < size:  # one read() returns at most about 2 GiB
-            done += f.readinto(view[done:]) or 0
-    return Loaded(buffer)
-
-
 def pinned_host(job: Job) -> torch.Tensor:
     path = job.checkpoint("dit")
     pinned = torch.empty(path.stat().st_size, dtype=torch.uint8, pin_memory=True)
@@ -291,13 +329,60 @@ class PathSpec:
     model: str = "dit"  # whose checkpoint it reads: "dit", "vae" or "ddit" (diffusers DiT)
     cuda: bool = False
     library: str | None = None  # an optional library the path needs ("diffusers")
+    requires: str | None = None  # a module of this project the path needs (`module_missing`)
     setup: Callable[[Job], Any] = lambda job: None
     about: str = ""
+    caches: tuple[str, ...] = CACHES  # the page-cache states it is measured in
+    limit: bool = False  # a read limit: its bytes are the whole file's, and it competes for best
+
+
+def limit_paths() -> dict[str, PathSpec]:
+    """`readinto`, then `preadv_N` and `map_copy_N` for each N of `limits.thread_counts()`."""
+    specs = {
+        "readinto": PathSpec(
+            lambda job, _: Loaded(limits.readinto(job.checkpoint("dit"))),
+            about="limit: one readinto, fresh buffer",
+            limit=True,
+        )
+    }
+    for n in limits.thread_counts():
+        specs[f"preadv_{n}"] = PathSpec(
+            _threaded(limits.preadv, n),
+            about=f"limit: os.preadv on {_threads(n)}, a share each, fresh buffer",
+            limit=True,
+        )
+    for n in limits.thread_counts():
+        specs[f"map_copy_{n}"] = PathSpec(
+            _threaded(limits.map_copy, n),
+            about=f"limit: copy_ from a private map on {_threads(n)}, a share each, fresh buffer",
+            caches=("warm",),
+            limit=True,
+        )
+    return specs
+
+
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else f"{n} threads"
+
+
+def _threaded(
+    read: Callable[[Path, int], torch.Tensor], threads: int
+) -> Callable[[Job, Any], Loaded]:
+    def load(job: Job, _: Any) -> Loaded:
+        return Loaded(read(job.checkpoint("dit"), threads))
+
+    return load
 
 
 PATHS: dict[str, PathSpec] = {
     "dit_zero_copy": PathSpec(
         lambda job, _: dit(job, device=CPU), about="reference DiT, CPU offload (zero-copy)"
+    ),
+    "dit_zero_copy_prefetch": PathSpec(
+        lambda job, options: dit(job, device=CPU, reading=options),
+        requires=READING,
+        setup=lambda job: prefetch_options(),
+        about="reference DiT, CPU offload (zero-copy), ReadOptions(prefetch=True)",
     ),
     "dit_copy": PathSpec(
         lambda job, _: dit(job, device=CPU, adopt=False),
@@ -342,9 +427,13 @@ PATHS: dict[str, PathSpec] = {
         library="diffusers",
         about="diffusers' from_pretrained of the same Wan DiT",
     ),
-    "readinto": PathSpec(lambda job, _: readinto(job), about="limit: one readinto, fresh buffer"),
+    **limit_paths(),
     "pinned_h2d": PathSpec(
-        pinned_h2d, cuda=True, setup=pinned_host, about="limit: pinned host-to-device copy"
+        pinned_h2d,
+        cuda=True,
+        setup=pinned_host,
+        about="limit: pinned host-to-device copy",
+        caches=("warm",),  # it reads no file while timed
     ),
 }
 
@@ -352,6 +441,21 @@ PATHS: dict[str, PathSpec] = {
 def synchronize(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()
+
+
+def start_cache(job: Job, files: tuple[Path, ...]) -> dict[str, Any]:
+    """Put `files` into the job's page-cache state; {"cached": fraction}, or {"skipped": why}
+    when a cold start was asked for and the pages could not be dropped."""
+    # A loaded module can sit in a reference cycle that holds a map of the file until the next
+    # collection (a warm-up's, or an earlier run's in the same process): mapped pages stay.
+    gc.collect()
+    if job.cache == "cold":
+        reason = make_cold(files)
+        if reason is not None:
+            return {"skipped": reason}
+    else:
+        make_warm(files)
+    return {"cached": cached_fraction(files)}
 
 
 def run(job: Job) -> dict[str, Any]:
@@ -368,11 +472,14 @@ def run(job: Job) -> dict[str, Any]:
         synchronize(spec.cuda)
     job.shapes  # noqa: B018 - read the shapes before the clock
     state = spec.setup(job)
+    result: dict[str, Any] = {"path": job.path, "mode": job.mode, "cache": job.cache}
+    result |= start_cache(job, job.files(spec.model))
+    if "skipped" in result:
+        return result
     device_start = 0
     if spec.cuda:
         torch.cuda.reset_peak_memory_stats(CUDA)
         device_start = torch.cuda.memory_allocated(CUDA)
-    result: dict[str, Any] = {"path": job.path, "mode": job.mode}
     start = resident()
     if job.mode == "memory":
         with PeakSampler() as during_load:
@@ -404,7 +511,9 @@ def run(job: Job) -> dict[str, Any]:
         synchronize(spec.cuda)
         result |= {
             "load_s": loaded_at - began,
-            "load_read_s": loaded_at - began + time.perf_counter() - read_began,
+            # the load, then one read of every byte: for a lazily mapped state (adoption,
+            # load_file_assign) the time until every byte is resident in this process
+            "resident_s": loaded_at - began + time.perf_counter() - read_began,
             "load_cpu_s": cpu_used,
         }
     total = sum(t.nbytes for t in tensors)

@@ -1,10 +1,13 @@
-"""The benchmark's tables (one per size, growth across sizes, ratios) and its optional plot."""
+"""The benchmark's tables (one per size, growth across sizes, ratios) and its optional plot.
+
+A table has a row per (path, cache): the page-cache state the runs started from, warm or cold.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +16,24 @@ __all__ = [
     "DEVICE_COLUMN",
     "GROWTH",
     "MIB",
+    "NAME_WIDTH",
+    "PLOTS",
     "format_document",
     "format_growth",
     "format_ratios",
     "format_size",
     "plot_available",
+    "rows",
     "write_plot",
 ]
 
 MIB = 1024 * 1024
+NAME_WIDTH = 22
 COLUMNS = (
     # header, figure, scale, format
+    ("cached", "cached", 1.0, "{:6.2f}"),
     ("load s", "load_s", 1.0, "{:8.3f}"),
-    ("+read s", "load_read_s", 1.0, "{:8.3f}"),
+    ("resident s", "resident_s", 1.0, "{:10.3f}"),
     ("cpu s", "load_cpu_s", 1.0, "{:7.3f}"),
     ("GiB/s", "throughput", 1024.0**3, "{:7.2f}"),
     ("anon MiB", "anon_peak", MIB, "{:9.1f}"),
@@ -40,6 +48,13 @@ DEVICE_COLUMN = ("device MiB", "device_peak", MIB, "{:10.1f}")
 GROWTH = (
     ("load s", "load_s", 1.0, "load time"),
     ("anon MiB", "anon_peak", MIB, "peak anonymous memory growth"),
+)
+# The plot's panels: figure, cache, scale, axis label, title. Anonymous memory does not depend on
+# the page cache, so it is drawn once, warm.
+PLOTS = (
+    ("load_s", "warm", 1.0, "load s", "load time, warm page cache"),
+    ("load_s", "cold", 1.0, "load s", "load time, cold page cache"),
+    ("anon_peak", "warm", MIB, "anon MiB", "peak anonymous memory growth"),
 )
 
 
@@ -57,53 +72,85 @@ def _model(facts: Mapping[str, Any], name: str) -> str:
     )
 
 
+def rows(paths: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(path, cache, figures) of every measured pair, and of each skipped one (its figures hold
+    `skipped`; a path skipped as a whole has cache "")."""
+    out: list[tuple[str, str, Mapping[str, Any]]] = []
+    for name, row in paths.items():
+        if "skipped" in row:
+            out.append((name, "", row))
+            continue
+        out += [(name, cache, row[cache]) for cache in ("warm", "cold") if cache in row]
+    return out
+
+
 def format_size(size: Mapping[str, Any], reps: int) -> str:
-    """The table of one checkpoint size: a row per path, then skipped paths."""
+    """The table of one checkpoint size: a row per (path, cache), then the skipped ones."""
     paths: Mapping[str, Mapping[str, Any]] = size["paths"]
     columns = list(COLUMNS)
-    if any("device_peak" in figures for figures in paths.values()):
+    if any("device_peak" in figures for _, _, figures in rows(paths)):
         columns.append(DEVICE_COLUMN)
     models = [_model(size["dit"], "DiT"), _model(size["vae"], "VAE")]
     if "ddit" in size:
         models.append(_model(size["ddit"], "diffusers Wan DiT"))
-    lines = [
-        f"## {size['size_mib']} MiB: {', '.join(models)}; medians of {reps}",
-        " ".join([f"{'path':<17}", *(h.rjust(len(f.format(0.0))) for h, _, _, f in columns)]),
+    header = [
+        f"{'path':<{NAME_WIDTH}}",
+        "cache",
+        *(h.rjust(len(f.format(0.0))) for h, _, _, f in columns),
     ]
+    lines = [f"## {size['size_mib']} MiB: {', '.join(models)}; medians of {reps}", " ".join(header)]
     skipped = []
-    for name, figures in paths.items():
+    for name, cache, figures in rows(paths):
         if "skipped" in figures:
-            skipped.append(f"{name}: skipped, {figures['skipped']}")
+            skipped.append(f"{name}{' ' + cache if cache else ''}: skipped, {figures['skipped']}")
             continue
         cells = [_cell(figures, key, scale, fmt) for _, key, scale, fmt in columns]
-        lines.append(" ".join([f"{name:<17}", *cells]))
+        lines.append(" ".join([f"{name:<{NAME_WIDTH}}", f"{cache:<5}", *cells]))
+    best = paths.get("best_read", {})
+    chosen = [
+        f"{cache} {best[cache]['of']} ({best[cache]['throughput'] / 1024.0**3:.2f} GiB/s)"
+        for cache in ("warm", "cold")
+        if cache in best
+    ]
+    if chosen:
+        lines.append("best_read: " + ", ".join(chosen))
     return "\n".join(lines + skipped)
 
 
+def _ratio_width(names: Iterable[str]) -> int:
+    return max([43, *(len(name) for name in names)])
+
+
 def format_ratios(ratios: Mapping[str, Mapping[str, Any]]) -> str:
-    lines = [f"{'ratio':<43} {'value':>9}  {'target':<10} verdict"]
+    width = _ratio_width(ratios)
+    lines = [f"{'ratio':<{width}} {'value':>9}  {'target':<10} verdict"]
     for name, r in ratios.items():
         value = "-" if r["value"] is None else f"{r['value']:.4f}"
         target = f"{r['op']} {r['target']:.4g}" if r["target"] is not None else ""
         verdict = r["status"] + (f": {r['reason']}" if "reason" in r else "")
-        lines.append(f"{name:<43} {value:>9}  {target:<10} {verdict}")
+        lines.append(f"{name:<{width}} {value:>9}  {target:<10} {verdict}")
     return "\n".join(lines)
 
 
 def format_growth(sizes: list[Mapping[str, Any]]) -> str:
     """How each path's time and peak anonymous memory grow with checkpoint size."""
     header = " ".join(f"{s['size_mib']:>8} MiB" for s in sizes)
-    lines = ["## growth with checkpoint size", f"{'path':<17} {'figure':<9} {header}"]
-    for name in sizes[0]["paths"]:
+    lines = [
+        "## growth with checkpoint size",
+        f"{'path':<{NAME_WIDTH}} cache {'figure':<9} {header}",
+    ]
+    for name, cache, _ in rows(sizes[0]["paths"]):
+        if not cache:
+            continue
         for label, key, scale, _ in GROWTH:
-            cells = [_cell(s["paths"][name], key, scale, "{:12.3f}") for s in sizes]
-            lines.append(f"{name:<17} {label:<9} {' '.join(cells)}")
-    lines.append(f"{'ratio':<43} {header}")
+            cells = [_cell(s["paths"][name].get(cache, {}), key, scale, "{:12.3f}") for s in sizes]
+            lines.append(f"{name:<{NAME_WIDTH}} {cache:<5} {label:<9} {' '.join(cells)}")
+    width = _ratio_width(sizes[0]["ratios"])
+    lines.append(f"{'ratio':<{width}} {header}")
     for ratio in sizes[0]["ratios"]:
         values = [s["ratios"][ratio]["value"] for s in sizes]
-        lines.append(
-            f"{ratio:<43} " + " ".join("-".rjust(12) if v is None else f"{v:12.4f}" for v in values)
-        )
+        shown = " ".join("-".rjust(12) if v is None else f"{v:12.4f}" for v in values)
+        lines.append(f"{ratio:<{width}} {shown}")
     return "\n".join(lines)
 
 
@@ -114,12 +161,17 @@ def format_document(document: Mapping[str, Any]) -> str:
     parts = [
         f"$ {document['command']}",
         f"machine: {machine['platform']}; {machine['cpus']} CPUs, {machine['torch_threads']} torch"
-        f" threads; load average {machine['load_average'][0]:.2f} before,"
-        f" {machine['load_average_after'][0]:.2f} after",
+        " threads",
     ]
     parts += [format_size(size, reps) for size in document["sizes"]]
+    parts.append(
+        f"load average (1 min) {machine['load_average'][0]:.2f} before,"
+        f" {machine['load_average_after'][0]:.2f} after"
+    )
     paths = document["sizes"][0]["paths"]
-    parts.append("\n".join(f"{name:<17} {f.get('about', '')}" for name, f in paths.items()))
+    parts.append(
+        "\n".join(f"{name:<{NAME_WIDTH}} {f.get('about', '')}" for name, f in paths.items())
+    )
     if len(document["sizes"]) > 1:
         parts.append(format_growth(document["sizes"]))
     parts.append(format_ratios(document["ratios"]))
@@ -131,20 +183,23 @@ def plot_available() -> bool:
 
 
 def write_plot(document: Mapping[str, Any], path: Path) -> None:  # pragma: no cover - optional
-    """A PNG of peak anonymous memory and load time against checkpoint size, one line a path."""
+    """One PNG: load time (warm, cold) and peak anonymous memory against checkpoint size, a line
+    per path (of the read limits only `best_read`, the fastest)."""
     # Imported by name: matplotlib is an optional extra, absent from the type check.
     importlib.import_module("matplotlib").use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
 
     sizes = document["sizes"]
-    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
-    for name in sizes[0]["paths"]:
-        measured = [s for s in sizes if "skipped" not in s["paths"][name]]
-        if not measured:
+    figure, axes = plt.subplots(1, len(PLOTS), figsize=(18, 5.5))
+    for name, row in sizes[0]["paths"].items():
+        if row.get("limit"):
             continue
-        x = [s["size_mib"] for s in measured]
-        for axis, (label, key, scale, title) in zip(axes, GROWTH, strict=True):
-            y = [max(s["paths"][name][key] / scale, 1e-3) for s in measured]
+        for axis, (key, cache, scale, label, title) in zip(axes, PLOTS, strict=True):
+            measured = [s for s in sizes if key in s["paths"][name].get(cache, {})]
+            if not measured:
+                continue
+            x = [s["size_mib"] for s in measured]
+            y = [max(s["paths"][name][cache][key] / scale, 1e-3) for s in measured]
             axis.plot(x, y, marker="o", label=name)
             axis.set_ylabel(label)
             axis.set_title(title)
@@ -153,7 +208,8 @@ def write_plot(document: Mapping[str, Any], path: Path) -> None:  # pragma: no c
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+        if axis.lines:
+            axis.legend(fontsize=7)
     figure.suptitle(document["command"], fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

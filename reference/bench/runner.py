@@ -1,15 +1,16 @@
 """The benchmark's runs, each in a fresh process.
 
     python -m reference.bench.runner PATH DIR [--mode time|memory] [--warmup SMALL_DIR]
-                                     [--threads N]
+                                     [--threads N] [--cache warm|cold]
 
 runs one path (`reference.bench.paths.PATHS`) on the checkpoints the benchmark wrote into DIR
 (`shapes.json`, `dit/`, `vae/`) and prints one JSON line. `python -m reference bench` starts
 `python -m reference.bench.runner --serve` instead, which imports torch once and then forks a
 fresh child per run: every run starts from the same untouched process, without paying the
 two-second torch import each time. The runner does no tensor work and never touches CUDA before
-forking, so the children start clean. Before each run it reads the checkpoint files once, so the
-page cache is warm.
+forking, so the children start clean. The child itself puts the path's checkpoint files into
+the job's page-cache state (warm or cold, `reference.bench.cache`) before its clock starts: a
+cold start needs that no process maps the files, which holds in a fresh child.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.bench.paths import DIFFUSERS_FOLDER, MODES, PATHS, Job, library_missing, run
+from reference.bench.cache import CACHES
+from reference.bench.paths import MODES, PATHS, Job, library_missing, run
 from reference.plan import CPU
 
-__all__ = ["forked", "main", "preload", "serve", "warm"]
+__all__ = ["forked", "job_of", "main", "preload", "serve"]
 
 
 def preload() -> None:
@@ -75,36 +77,28 @@ def forked(job: Job) -> dict[str, Any]:
     return result
 
 
-def warm(path: Path, buffer: bytearray) -> None:
-    """Read a file once through the page cache, so every run finds it warm."""
-    with path.open("rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
+def job_of(request: dict[str, Any]) -> Job:
+    """The job a request line {"path", "folder", "mode", "warmup", "threads", "cache"} names."""
+    warmup = request.get("warmup")
+    return Job(
+        request["path"],
+        Path(request["folder"]),
+        request["mode"],
+        warmup=Path(warmup) if warmup else None,
+        threads=request.get("threads"),
+        cache=request.get("cache", "warm"),
+    )
 
 
 def serve() -> int:
-    """Answer each stdin line {"path", "folder", "mode", "warmup", "threads"} with a JSON line."""
+    """Answer each stdin line (a request, `job_of`) with a JSON line."""
     preload()
     # A child's cyclic GC would walk every object inherited from this process and so copy its
     # whole heap page by page (copy-on-write), charging a few hundred milliseconds to whichever
     # load allocates many Python objects first (a diffusers model's hundreds of modules).
     gc.freeze()
-    buffer = bytearray(16 << 20)
     for line in sys.stdin:
-        request = json.loads(line)
-        warmup = request.get("warmup")
-        job = Job(
-            request["path"],
-            Path(request["folder"]),
-            request["mode"],
-            warmup=Path(warmup) if warmup else None,
-            threads=request.get("threads"),
-        )
-        for model in ("dit", "vae"):
-            warm(job.checkpoint(model), buffer)
-        for shard in sorted((job.folder / DIFFUSERS_FOLDER).glob("*/*.safetensors")):
-            warm(shard, buffer)
-        print(json.dumps(forked(job)), flush=True)
+        print(json.dumps(forked(job_of(json.loads(line)))), flush=True)
     return 0
 
 
@@ -117,8 +111,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--mode", choices=MODES, default="time")
     parser.add_argument("--warmup", type=Path)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--cache", choices=CACHES, default="warm")
     args = parser.parse_args(argv)
-    print(json.dumps(run(Job(args.path, args.folder, args.mode, args.warmup, args.threads))))
+    job = Job(args.path, args.folder, args.mode, args.warmup, args.threads, args.cache)
+    print(json.dumps(run(job)))
     return 0
 
 

@@ -1,13 +1,19 @@
 """The benchmark's own machinery: the copy path it measures, its paths, ratios, JSON and tables.
 
-Timings are never asserted here; only shapes, fates of bytes, and the arithmetic of the ratios.
+Timings are never asserted here; only shapes, fates of bytes, page-cache states, and the
+arithmetic of the ratios.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.machinery
+import itertools
 import json
 import math
+import os
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +23,21 @@ from torch import nn
 
 from reference.__main__ import main
 from reference.adopt import ADOPTION_DISABLED, load_full_state
+from reference.bench import cache as bench_cache
+from reference.bench import limits as bench_limits
 from reference.bench import paths as bench_paths
 from reference.bench import runner as bench_runner
-from reference.bench.command import parse_sizes, write_folder
+from reference.bench.command import (
+    BEST_READ,
+    best_read,
+    measure_size,
+    parse_sizes,
+    tensors_in_flight,
+    unavailable,
+    write_folder,
+)
 from reference.bench.ratios import RATIOS, compute_ratios
-from reference.bench.report import format_document, plot_available, write_plot
+from reference.bench.report import format_document, format_ratios, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
 from reference.kit.fakes.bench import BenchDiT, BenchShapes
@@ -35,14 +51,19 @@ CPU = torch.device("cpu")
 OFFLOAD = WeightLoadPlan(checkpoint_load_device=CPU)
 ISSUE_RATIOS = {
     "diffusers_zero_copy_anon_over_checkpoint",
-    "diffusers_time_over_from_pretrained",
+    "diffusers_offload_time_over_from_pretrained",
     "zero_copy_anon_over_checkpoint",
     "zero_copy_time_over_copy_time",
     "copy_throughput_over_readinto",
+    "cold_copy_throughput_over_best_cold_read",
+    "warm_copy_throughput_over_best_warm_read",
+    "cold_zero_copy_resident_over_best_cold_read_time",
     "vae_stream_overhead_over_largest_tensor",
+    "copy_path_refused_above_available_memory",
     "direct_dit_peak_device_over_model",
     "h2d_throughput_over_pinned_copy",
 }
+THREADS = range(1, 2 * (os.cpu_count() or 1) + 1)
 
 
 @pytest.fixture(scope="module")
@@ -125,23 +146,248 @@ def test_bench_shapes_hit_the_requested_size(mib: int) -> None:
 CPU_PATHS = [
     name
     for name, spec in bench_paths.PATHS.items()
-    if not spec.cuda and bench_paths.library_missing(spec.library) is None
+    if not spec.cuda and unavailable(spec, None) is None
 ]
+CPU_RUNS = [(name, cache) for name in CPU_PATHS for cache in bench_paths.PATHS[name].caches]
 
 
 @pytest.mark.parametrize("mode", bench_paths.MODES)
-@pytest.mark.parametrize("path", CPU_PATHS)
+@pytest.mark.parametrize(("path", "cache"), CPU_RUNS)
 def test_each_cpu_path_reports_its_figures(
-    folder: tuple[Path, dict[str, Any]], path: str, mode: str
+    folder: tuple[Path, dict[str, Any]], path: str, cache: str, mode: str
 ) -> None:
     where, facts = folder
-    result = bench_paths.run(bench_paths.Job(path, where, mode))
+    result = bench_paths.run(bench_paths.Job(path, where, mode, cache=cache))
+    assert (result["path"], result["mode"], result["cache"]) == (path, mode, cache)
+    if "skipped" in result:  # a file system that keeps every page (tmpfs)
+        assert cache == "cold"
+        pytest.skip(result["skipped"])
     spec = bench_paths.PATHS[path]
     moved = result["adopted"] + result["copied"] + result["streamed"]
     assert moved >= facts[spec.model]["bytes"]
-    keys = {"anon_peak", "file_peak_read"} if mode == "memory" else {"load_s", "load_read_s"}
-    assert keys <= set(result)
+    keys = {"anon_peak", "file_peak_read"} if mode == "memory" else {"load_s", "resident_s"}
+    assert keys | {"cached"} <= set(result)
+    if cache == "cold":
+        assert result["cached"] <= bench_cache.COLD_LIMIT
     assert all(math.isfinite(v) for v in result.values() if isinstance(v, (int, float)))
+
+
+# --- page-cache states, read limits, the prefetch path -------------------------------------------
+
+
+def test_a_job_starts_warm_unless_it_says_cold(folder: tuple[Path, dict[str, Any]]) -> None:
+    where, _ = folder
+    assert bench_paths.Job("readinto", where).cache == "warm"
+    request = {"path": "readinto", "folder": str(where), "mode": "time", "warmup": None}
+    assert bench_runner.job_of(request).cache == "warm"
+    assert bench_runner.job_of(request | {"cache": "cold"}).cache == "cold"
+    assert bench_cache.CACHES == ("warm", "cold")
+    assert {spec.caches for spec in bench_paths.PATHS.values()} == {("warm", "cold"), ("warm",)}
+
+
+def test_dropping_pages_leaves_a_written_file_out_of_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    bench_cache.make_warm([path])
+    assert bench_cache.cached_fraction([path]) > 0.9
+    reason = bench_cache.make_cold([path])
+    if reason is not None:
+        pytest.skip(f"this platform cannot drop pages: {reason}")
+    assert bench_cache.cached_fraction([path]) <= bench_cache.COLD_LIMIT
+    bench_cache.make_warm([path])
+    assert bench_cache.cached_fraction([path]) > 0.9
+
+
+def test_a_mapped_file_keeps_its_pages_and_the_cold_run_says_why(tmp_path: Path) -> None:
+    import mmap
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE)) >= 0  # fault in
+        reason = bench_cache.make_cold([path])
+    assert reason is not None
+    assert "POSIX_FADV_DONTNEED" in reason or "posix_fadvise" in reason
+
+
+def test_without_posix_fadvise_cold_runs_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "posix_fadvise")
+    assert bench_cache.cannot_drop() == "os.posix_fadvise is not available here"
+    assert bench_cache.make_cold([]) == "os.posix_fadvise is not available here"
+
+
+def test_limit_rows_for_one_to_twice_the_cores() -> None:
+    assert bench_limits.thread_counts() == THREADS
+    limits = {name for name, spec in bench_paths.PATHS.items() if spec.limit}
+    expected = {f"preadv_{n}" for n in THREADS} | {f"map_copy_{n}" for n in THREADS}
+    assert limits == expected | {"readinto"}
+    for n in THREADS:
+        assert bench_paths.PATHS[f"preadv_{n}"].caches == ("warm", "cold")
+        assert bench_paths.PATHS[f"map_copy_{n}"].caches == ("warm",)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 10 << 20])
+@pytest.mark.parametrize("threads", [1, 3, 4])
+def test_shares_cover_the_file_once_in_order(size: int, threads: int) -> None:
+    shares = bench_limits.shares(size, threads)
+    assert len(shares) <= threads
+    assert shares[0][0] == 0
+    assert shares[-1][1] == size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(shares))
+
+
+@pytest.mark.parametrize("read", ["readinto", "preadv", "map_copy"])
+def test_each_limit_reads_every_byte_of_the_file(tmp_path: Path, read: str) -> None:
+    path = tmp_path / "data.bin"
+    data = os.urandom(3 * bench_limits.PREADV_CHUNK // 2 + 7)
+    path.write_bytes(data)
+    for threads in (1, 3):
+        if read == "readinto":
+            buffer = bench_limits.readinto(path)
+        else:
+            buffer = getattr(bench_limits, read)(path, threads)
+        assert buffer.dtype == torch.uint8
+        assert buffer.numpy().tobytes() == data
+
+
+def test_limit_rows_report_the_whole_file(folder: tuple[Path, dict[str, Any]]) -> None:
+    where, facts = folder
+    for name in ("readinto", f"preadv_{THREADS[-1]}", f"map_copy_{THREADS[-1]}"):
+        result = bench_paths.run(bench_paths.Job(name, where, "time"))
+        assert result["copied"] == facts["dit"]["file_bytes"], name
+
+
+def _fake_runner(cold: str | None = None) -> tuple[list[dict[str, Any]], Any]:
+    """A runner that answers without running: load_s from the path's thread count, so the
+    fastest limit is known; `cold` set: every cold run is refused with that reason."""
+    jobs: list[dict[str, Any]] = []
+
+    def answer(job: dict[str, Any]) -> dict[str, Any]:
+        jobs.append(job)
+        if cold is not None and job["cache"] == "cold":
+            return {"path": job["path"], "cache": "cold", "skipped": cold}
+        n = int(job["path"].rpartition("_")[2]) if job["path"][-1].isdigit() else 1
+        speed = n if job["path"].startswith("preadv") else 1
+        slower = 2.0 if job["cache"] == "cold" else 1.0
+        return {"path": job["path"], "cache": job["cache"], "load_s": slower / speed} | {
+            "resident_s": 1.0,
+            "anon_peak": 1,
+            "host_anon_bytes": 1,
+            "device_peak": 1,
+            "cached": 0.0 if job["cache"] == "cold" else 1.0,
+            "adopted": 0,
+            "copied": 1,
+            "streamed": 0,
+        }
+
+    return jobs, answer
+
+
+def _measure(folder: tuple[Path, dict[str, Any]], **options: Any) -> dict[str, Any]:
+    where, facts = folder
+    jobs, answer = options.pop("runner")
+    size = measure_size(
+        where, facts, reps=1, runner=answer, no_cuda="no CUDA", warmup=where, **options
+    )
+    size["jobs"] = jobs
+    return size
+
+
+def test_every_pair_is_measured_and_the_best_read_is_the_fastest_limit(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    size = _measure(folder, runner=_fake_runner())
+    _, facts = folder
+    paths = size["paths"]
+    assert set(paths) == set(bench_paths.PATHS) | {BEST_READ}
+    for name in CPU_PATHS:
+        assert set(paths[name]) & {"warm", "cold"} == set(bench_paths.PATHS[name].caches), name
+    assert "cold" not in paths["map_copy_1"]
+    for n in THREADS:
+        for cache in bench_paths.PATHS[f"preadv_{n}"].caches:
+            assert paths[f"preadv_{n}"]["bytes"] == facts["dit"]["file_bytes"]
+            assert paths[f"preadv_{n}"][cache]["throughput"] == pytest.approx(
+                facts["dit"]["file_bytes"] * n / (2.0 if cache == "cold" else 1.0)
+            )
+    assert paths["dit_copy"]["bytes"] == facts["dit"]["bytes"]
+    fastest = f"preadv_{THREADS[-1]}"
+    assert paths[BEST_READ]["warm"]["of"] == fastest
+    assert paths[BEST_READ]["cold"]["of"] == fastest
+    assert paths[BEST_READ]["cold"]["load_s"] == pytest.approx(2.0 / THREADS[-1])
+    assert size["vae_tensors_in_flight"] == tensors_in_flight()
+    modes = {(j["path"], j["cache"], j["mode"]) for j in size["jobs"]}
+    assert ("dit_copy", "cold", "memory") in modes
+    assert not any(j["path"] == "dit_direct" for j in size["jobs"])
+
+
+def test_cache_warm_measures_warm_only(folder: tuple[Path, dict[str, Any]]) -> None:
+    size = _measure(folder, runner=_fake_runner(), caches=("warm",))
+    assert {j["cache"] for j in size["jobs"]} == {"warm"}
+    assert all("cold" not in row for row in size["paths"].values())
+    cold = size["ratios"]["cold_copy_throughput_over_best_cold_read"]
+    assert cold["status"] == "skipped"
+    assert cold["reason"] == "dit_copy cold: not measured in this run"
+    assert size["ratios"]["warm_copy_throughput_over_best_warm_read"]["status"] != "skipped"
+
+
+def test_cold_runs_that_cannot_drop_pages_are_skipped_with_the_reason(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    size = _measure(folder, runner=_fake_runner(cold="pages stayed"))
+    assert size["paths"]["dit_copy"]["cold"] == {"skipped": "pages stayed"}
+    assert "cold" not in size["paths"][BEST_READ]
+    assert "throughput" in size["paths"]["dit_copy"]["warm"]
+    # one refused cold run per path: it is not tried again in the other mode or repetition
+    cold = [j for j in size["jobs"] if j["cache"] == "cold"]
+    assert len(cold) == len({j["path"] for j in cold})
+    reason = size["ratios"]["cold_copy_throughput_over_best_cold_read"]["reason"]
+    assert reason == "dit_copy cold: pages stayed"
+
+
+def test_the_prefetch_path_is_skipped_without_reference_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, bench_paths.READING, None)
+    spec = bench_paths.PATHS["dit_zero_copy_prefetch"]
+    assert spec.requires == "reference.reading"
+    assert unavailable(spec, None) == "reference.reading not available"
+    assert bench_paths.reading_defaults() is None
+    assert tensors_in_flight() == 1
+    with pytest.raises(RuntimeError, match=r"reference\.reading"):
+        bench_paths.prefetch_options()
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeReadOptions:
+    """The shape `reference.reading.ReadOptions` is specified to have."""
+
+    workers: int = 2
+    max_tensors: int = 3
+    max_bytes: int = 1 << 30
+    prefetch: bool = False
+
+
+def test_the_prefetch_path_passes_read_options_with_prefetch_on(
+    folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reading = types.ModuleType(bench_paths.READING)
+    reading.__spec__ = importlib.machinery.ModuleSpec(bench_paths.READING, None)
+    reading.ReadOptions = FakeReadOptions  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, bench_paths.READING, reading)
+    seen: list[Any] = []
+
+    def load_dit(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
+        seen.append(reading)
+        return real_load_dit(*args, **kwargs)
+
+    real_load_dit = bench_paths.load_dit
+    monkeypatch.setattr(bench_paths, "load_dit", load_dit)
+    spec = bench_paths.PATHS["dit_zero_copy_prefetch"]
+    assert unavailable(spec, None) is None
+    assert tensors_in_flight() == 3
+    result = bench_paths.run(bench_paths.Job("dit_zero_copy_prefetch", folder[0], "time"))
+    assert result["adopted"] > 0
+    assert seen == [FakeReadOptions(prefetch=True)]
 
 
 def test_zero_copy_adopts_and_the_copy_path_copies(folder: tuple[Path, dict[str, Any]]) -> None:
@@ -190,22 +436,35 @@ def test_paths_command_line(
 # --- ratios, tables, the command ----------------------------------------------------------------
 
 
-def _size(**paths: dict[str, float]) -> dict[str, Any]:
+def _size(**paths: dict[str, Any]) -> dict[str, Any]:
+    """A size's figures by hand: each keyword is a path, {"bytes", "warm", "cold"}."""
     facts = {"bytes": 1000, "largest_tensor_bytes": 100, "tensors": 10, "file_bytes": 1008}
-    base = {name: {"skipped": "no CUDA device"} for name in bench_paths.PATHS}
-    return {"size_mib": 1, "dit": facts, "vae": facts, "paths": base | paths}
+    base = {name: {"skipped": "no CUDA device"} for name in [*bench_paths.PATHS, BEST_READ]}
+    return {
+        "size_mib": 1,
+        "dit": facts,
+        "vae": facts,
+        "ddit": facts,
+        "vae_tensors_in_flight": 1,
+        "paths": base | {name: {"bytes": 1000} | row for name, row in paths.items()},
+    }
 
 
 def test_ratios_read_their_figures_and_judge_their_targets() -> None:
     size = _size(
-        dit_zero_copy={"anon_peak": 10, "load_s": 0.1, "bytes": 1000},
-        dit_copy={"load_s": 1.0, "bytes": 1000},
-        readinto={"load_s": 0.5, "bytes": 1000},
-        vae_stream={"anon_peak": 1100, "host_anon_bytes": 1000},
-        vae_ordinary={"anon_peak": 2000, "host_anon_bytes": 1000},
+        dit_zero_copy={"warm": {"anon_peak": 10, "load_s": 0.1}, "cold": {"resident_s": 2.0}},
+        dit_copy={"warm": {"load_s": 1.0}, "cold": {"load_s": 2.0}},
+        readinto={"warm": {"load_s": 0.5}, "cold": {"load_s": 1.6}},
+        # the best read: 1000 bytes in 0.8 s warm (1250 B/s), in 1.6 s cold (625 B/s)
+        best_read={"warm": {"load_s": 0.8, "of": "preadv_2"}, "cold": {"load_s": 1.6}},
+        vae_stream={"warm": {"anon_peak": 1100, "host_anon_bytes": 1000}},
+        vae_ordinary={"warm": {"anon_peak": 2000, "host_anon_bytes": 1000}},
+        ddit_zero_copy={"warm": {"load_s": 0.3, "anon_peak": 1}},
+        ddit_pretrained={"warm": {"load_s": 0.2, "anon_peak": 900}},
     )
     ratios = compute_ratios(size)
     assert set(ratios) == {r.name for r in RATIOS}
+    assert set(ratios) >= ISSUE_RATIOS
     assert ratios["zero_copy_anon_over_checkpoint"] == {
         "value": 0.01,
         "target": 0.02,
@@ -215,17 +474,97 @@ def test_ratios_read_their_figures_and_judge_their_targets() -> None:
     }
     assert ratios["zero_copy_time_over_copy_time"]["status"] == "miss"  # 0.1 > 0.05
     assert ratios["copy_throughput_over_readinto"]["value"] == pytest.approx(0.5)
+    assert ratios["copy_throughput_over_readinto"]["status"] == "info"
+    warm = ratios["warm_copy_throughput_over_best_warm_read"]
+    assert (warm["value"], warm["status"]) == (pytest.approx(0.8), "miss")  # 1000/1 over 1250
+    cold = ratios["cold_copy_throughput_over_best_cold_read"]
+    assert (cold["value"], cold["status"]) == (pytest.approx(0.8), "miss")  # 500 over 625
+    # 2.0 s until resident over 1000 bytes at the best cold read's 625 B/s (1.6 s)
+    lazy = ratios["cold_no_prefetch_resident_over_best_cold_read_time"]
+    assert (lazy["value"], lazy["status"]) == (pytest.approx(1.25), "info")
+    prefetch = ratios["cold_zero_copy_resident_over_best_cold_read_time"]
+    assert prefetch["status"] == "skipped"
+    assert prefetch["reason"] == "dit_zero_copy_prefetch: no CUDA device"
     assert ratios["vae_stream_overhead_over_largest_tensor"]["value"] == pytest.approx(1.0)
+    assert ratios["vae_stream_overhead_over_largest_tensor"]["target"] == pytest.approx(1.5)
     assert ratios["vae_ordinary_overhead_over_largest_tensor"]["status"] == "info"
+    offload = ratios["diffusers_offload_time_over_from_pretrained"]
+    assert (offload["value"], offload["target"], offload["status"]) == (
+        pytest.approx(1.5),
+        1.0,
+        "miss",
+    )
     skipped = ratios["h2d_throughput_over_pinned_copy"]
     assert skipped["status"] == "skipped"
     assert skipped["reason"] == "dit_direct: no CUDA device"
 
 
+def test_the_cold_targets_pass_at_the_best_read_and_the_vae_target_follows_k() -> None:
+    size = _size(
+        dit_copy={"cold": {"load_s": 1.0}, "warm": {"load_s": 0.5}},
+        dit_zero_copy_prefetch={"cold": {"resident_s": 1.05}},
+        best_read={"cold": {"load_s": 1.0}, "warm": {"load_s": 0.5}},
+        vae_stream={"warm": {"anon_peak": 3400, "host_anon_bytes": 1000}},
+    )
+    size["vae_tensors_in_flight"] = 4
+    ratios = compute_ratios(size)
+    for name in (
+        "cold_copy_throughput_over_best_cold_read",
+        "warm_copy_throughput_over_best_warm_read",
+        "cold_zero_copy_resident_over_best_cold_read_time",
+    ):
+        assert ratios[name]["status"] == "pass", name
+    assert ratios["cold_zero_copy_resident_over_best_cold_read_time"]["value"] == pytest.approx(
+        1.05
+    )
+    vae = ratios["vae_stream_overhead_over_largest_tensor"]
+    assert (vae["value"], vae["target"], vae["status"]) == (pytest.approx(24.0), 4.5, "miss")
+
+
+def test_a_skipped_cache_state_skips_its_ratios_with_the_reason() -> None:
+    size = _size(
+        dit_copy={"warm": {"load_s": 1.0}, "cold": {"skipped": "pages stayed"}},
+        best_read={"warm": {"load_s": 1.0}},
+    )
+    ratios = compute_ratios(size)
+    assert ratios["cold_copy_throughput_over_best_cold_read"]["reason"] == (
+        "dit_copy cold: pages stayed"
+    )
+    assert ratios["warm_copy_throughput_over_best_warm_read"]["status"] == "pass"
+
+
+def test_the_refusal_ratio_is_a_placeholder_until_there_is_a_refusal_path() -> None:
+    ratio = compute_ratios(_size())["copy_path_refused_above_available_memory"]
+    assert ratio == {
+        "value": None,
+        "target": None,
+        "op": "",
+        "pass": None,
+        "status": "skipped",
+        "reason": "no refusal path yet",
+    }
+    assert "skipped: no refusal path yet" in format_ratios(
+        {"copy_path_refused_above_available_memory": ratio}
+    )
+
+
+def test_best_read_is_the_largest_throughput_of_the_limit_rows() -> None:
+    paths = {
+        "readinto": {"limit": True, "warm": {"throughput": 2.0, "runs": []}},
+        "preadv_2": {"limit": True, "warm": {"throughput": 3.0}, "cold": {"throughput": 1.0}},
+        "map_copy_2": {"limit": True, "warm": {"throughput": 2.5}},
+        "dit_copy": {"limit": False, "warm": {"throughput": 9.0}},
+        "preadv_4": {"limit": True, "cold": {"skipped": "pages stayed"}},
+    }
+    assert best_read(paths, "warm") == {"throughput": 3.0, "of": "preadv_2"}
+    assert best_read(paths, "cold") == {"throughput": 1.0, "of": "preadv_2"}
+    assert best_read({}, "cold") is None
+
+
 def test_cuda_ratios_with_their_model_dependent_target() -> None:
     size = _size(
-        dit_direct={"device_peak": 1050, "load_s": 1.0, "bytes": 1000},
-        pinned_h2d={"load_s": 0.5, "bytes": 1000},
+        dit_direct={"warm": {"device_peak": 1050, "load_s": 1.0}},
+        pinned_h2d={"warm": {"load_s": 0.5}},
     )
     ratios = compute_ratios(size)
     assert ratios["direct_dit_peak_device_over_model"]["target"] == pytest.approx(1.1)
@@ -255,19 +594,40 @@ def test_bench_command_writes_the_json_and_prints_the_table(
         assert ratio["status"] == "skipped" or math.isfinite(ratio["value"]), name
         assert name in printed
     for size in document["sizes"]:
-        assert set(size["paths"]) == set(bench_paths.PATHS)
-        for name in CPU_PATHS:
-            figures = size["paths"][name]
-            for key in ("load_s", "load_read_s", "anon_peak", "file_peak", "throughput"):
-                assert math.isfinite(figures[key]), (name, key)
+        assert set(size["paths"]) == set(bench_paths.PATHS) | {BEST_READ}
+        for name, cache in CPU_RUNS:
+            figures = size["paths"][name][cache]
+            if "skipped" in figures:  # a file system that keeps every page (tmpfs)
+                assert cache == "cold"
+                continue
+            for key in ("load_s", "resident_s", "anon_peak", "file_peak", "throughput", "cached"):
+                assert math.isfinite(figures[key]), (name, cache, key)
     assert format_document(document) in printed
+    machine = document["machine"]
+    assert {"load_average", "load_average_after"} <= set(machine)
+    assert f"{machine['load_average_after'][0]:.2f} after" in printed
+
+
+def test_bench_command_with_cache_warm_runs_only_warm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "--size-mib", "1", "--reps", "1", "--cache", "warm", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    (size,) = json.loads(out.read_text())["sizes"]
+    assert size["caches"] == ["warm"]
+    for name, row in size["paths"].items():
+        assert "cold" not in row, name
+        for figures in [row["warm"]] if "warm" in row else []:
+            assert "skipped" in figures or figures["cached"] > 0.9, name
+    assert " cold " not in printed
 
 
 def test_several_sizes_add_a_growth_table() -> None:
-    small = _size(readinto={"anon_peak": 1024**2, "load_s": 0.5, "bytes": 1000})
-    large = _size(readinto={"anon_peak": 4 * 1024**2, "load_s": 2.0, "bytes": 4000}) | {
-        "size_mib": 4
-    }
+    small = _size(readinto={"warm": {"anon_peak": 1024**2, "load_s": 0.5}})
+    large = _size(readinto={"bytes": 4000, "warm": {"anon_peak": 4 * 1024**2, "load_s": 2.0}})
+    large["size_mib"] = 4
     for size in (small, large):
         size["ratios"] = compute_ratios(size)
     machine = {"platform": "p", "cpus": 2, "torch_threads": 2, "load_average": [1.0]}
@@ -281,7 +641,7 @@ def test_several_sizes_add_a_growth_table() -> None:
     text = format_document(document)
     growth = text[text.index("## growth with checkpoint size") :]
     assert "       1 MiB        4 MiB" in growth
-    assert "readinto          anon MiB         1.000        4.000" in growth
+    assert "readinto               warm  anon MiB         1.000        4.000" in growth
 
 
 def test_plot_without_matplotlib_is_refused_before_any_work(
@@ -295,6 +655,8 @@ def test_plot_without_matplotlib_is_refused_before_any_work(
 
 def test_plot_is_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    document = {"command": "bench", "sizes": [_size(readinto={"anon_peak": 5, "load_s": 1})]}
-    write_plot(document, tmp_path / "p.png")
+    small = _size(dit_copy={"warm": {"anon_peak": 5, "load_s": 1}, "cold": {"load_s": 2}})
+    large = _size(dit_copy={"warm": {"anon_peak": 20, "load_s": 4}, "cold": {"load_s": 8}})
+    large["size_mib"] = 4
+    write_plot({"command": "bench", "sizes": [small, large]}, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
