@@ -52,13 +52,12 @@ from reference.bench.paths import (
     PATHS,
     PathSpec,
     library_missing,
-    module_missing,
-    reading_defaults,
 )
 from reference.bench.ratios import compute_ratios
 from reference.checkpoint import open_checkpoint
 from reference.extras import install_hint
 from reference.platform import SYSTEM, Platform, describe
+from reference.reading import ReadOptions
 
 __all__ = [
     "BEST_READ",
@@ -126,13 +125,12 @@ def unavailable(spec: PathSpec, no_cuda: str | None) -> str | None:
     """Why a path cannot run here (no CUDA, a missing library or module), or None."""
     if spec.cuda and no_cuda is not None:
         return no_cuda
-    return library_missing(spec.library) or module_missing(spec.requires)
+    return library_missing(spec.library)
 
 
 def tensors_in_flight() -> int:
-    """K, the tensors the loader's reader holds at once by default (1 without a reader pool)."""
-    defaults = reading_defaults()
-    return 1 if defaults is None else int(defaults.max_tensors)
+    """K, the tensors the reader pool holds at once by default (`ReadOptions().max_tensors`)."""
+    return ReadOptions().max_tensors
 
 
 def best_read(paths: Mapping[str, Mapping[str, Any]], cache: str) -> dict[str, Any] | None:

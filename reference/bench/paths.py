@@ -23,7 +23,6 @@ needs `reference.reading` (its `ReadOptions`), and is unavailable without it.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import gc
 import importlib
@@ -42,9 +41,11 @@ from torch import nn
 from reference.bench import limits
 from reference.bench.cache import CACHES, cached_fraction, make_cold, make_warm
 from reference.dit import load_dit
+from reference.errors import HostMemoryError
 from reference.extras import install_hint
 from reference.memory import PeakSampler, resident
 from reference.plan import CPU, WeightLoadPlan
+from reference.reading import ReadOptions
 from reference.report import LoadReport
 from reference.vae import load_vae
 
@@ -53,7 +54,6 @@ __all__ = [
     "DIFFUSERS_FOLDER",
     "MODES",
     "PATHS",
-    "READING",
     "Job",
     "Loaded",
     "PathSpec",
@@ -66,13 +66,12 @@ __all__ = [
     "full_state",
     "library_missing",
     "limit_paths",
-    "module_missing",
     "module_tensors",
     "pinned_h2d",
     "pinned_host",
     "prefetch_options",
     "read_all",
-    "reading_defaults",
+    "refused_copy",
     "run",
     "start_cache",
     "state_dict_load",
@@ -86,10 +85,6 @@ DIFFUSERS_FOLDER = "ddit"
 """The benchmark folder's diffusers pipeline (written when diffusers is installed)."""
 
 
-READING = "reference.reading"
-"""The loader's read options (`ReadOptions`), which the prefetch path needs."""
-
-
 def library_missing(library: str | None) -> str | None:
     """Why a path's optional library cannot be used here, or None."""
     if library is None:
@@ -99,26 +94,30 @@ def library_missing(library: str | None) -> str | None:
     return None
 
 
-def module_missing(module: str | None) -> str | None:
-    """Why a path's module of this project is not in this tree, or None."""
-    if module is None or importlib.util.find_spec(module) is not None:
-        return None
-    return f"{module} not available"
+def prefetch_options() -> ReadOptions:
+    """The default read options with prefetching on (the zero-copy path's opt-in)."""
+    return ReadOptions(prefetch=True)
 
 
-def reading_defaults() -> Any | None:
-    """The loader's default `ReadOptions` (`reference.reading`), or None without that module."""
-    if module_missing(READING) is not None:
-        return None
-    return importlib.import_module(READING).ReadOptions()
+def refused_copy(job: Job) -> Loaded:
+    """The copy path with half the checkpoint's bytes of host memory available: it must be
+    refused (`HostMemoryError`) before it allocates; the figures are those of the refusal."""
+    from reference.kit.fakes.layers import LINEAR_KINDS
 
-
-def prefetch_options() -> Any:
-    """The default read options with prefetching on."""
-    defaults = reading_defaults()
-    if defaults is None:
-        raise RuntimeError(f"the prefetch path needs {READING}")
-    return dataclasses.replace(defaults, prefetch=True)
+    budget = job.files("dit")[0].stat().st_size // 2
+    plan = WeightLoadPlan(checkpoint_load_device=CPU)
+    try:
+        load_dit(
+            job.shapes.dit,
+            job.checkpoint("dit"),
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            adopt=False,
+            host_bytes=budget,
+        )
+    except HostMemoryError:
+        return Loaded(torch.empty(0), copied=0)
+    raise RuntimeError("the copy path loaded with half the memory it needs: it was not refused")
 
 
 @dataclass
@@ -220,8 +219,10 @@ def read_all(tensors: list[torch.Tensor]) -> int:
         torch.set_num_threads(threads)
 
 
-def dit(job: Job, *, device: torch.device, adopt: bool = True, reading: Any = None) -> Loaded:
-    """The reference DiT loader; `reading` (a `ReadOptions`) is passed only when given."""
+def dit(
+    job: Job, *, device: torch.device, adopt: bool = True, reading: ReadOptions | None = None
+) -> Loaded:
+    """The reference DiT loader, reading as `reading` says (the loader's default: None)."""
     from reference.kit.fakes.layers import LINEAR_KINDS
 
     direct = device.type != "cpu"
@@ -234,9 +235,13 @@ def dit(job: Job, *, device: torch.device, adopt: bool = True, reading: Any = No
             component_cpu_offload=True,
         )
     )
-    options = {} if reading is None else {"reading": reading}
     module, report = load_dit(
-        job.shapes.dit, job.checkpoint("dit"), plan=plan, kinds=LINEAR_KINDS, adopt=adopt, **options
+        job.shapes.dit,
+        job.checkpoint("dit"),
+        plan=plan,
+        kinds=LINEAR_KINDS,
+        adopt=adopt,
+        reading=reading,
     )
     return from_report(module, report)
 
@@ -266,8 +271,8 @@ def ddit_from_pretrained(job: Job) -> Loaded:
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
 
 
-def vae_stream(job: Job, *, device: torch.device) -> Loaded:
-    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device)
+def vae_stream(job: Job, *, device: torch.device, reading: ReadOptions | None = None) -> Loaded:
+    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device, reading=reading)
     return from_report(module, report)
 
 
@@ -329,7 +334,6 @@ class PathSpec:
     model: str = "dit"  # whose checkpoint it reads: "dit", "vae" or "ddit" (diffusers DiT)
     cuda: bool = False
     library: str | None = None  # an optional library the path needs ("diffusers")
-    requires: str | None = None  # a module of this project the path needs (`module_missing`)
     setup: Callable[[Job], Any] = lambda job: None
     about: str = ""
     caches: tuple[str, ...] = CACHES  # the page-cache states it is measured in
@@ -380,13 +384,22 @@ PATHS: dict[str, PathSpec] = {
     ),
     "dit_zero_copy_prefetch": PathSpec(
         lambda job, options: dit(job, device=CPU, reading=options),
-        requires=READING,
         setup=lambda job: prefetch_options(),
         about="reference DiT, CPU offload (zero-copy), ReadOptions(prefetch=True)",
     ),
     "dit_copy": PathSpec(
         lambda job, _: dit(job, device=CPU, adopt=False),
         about="reference DiT, copy path (adoption disabled)",
+    ),
+    "dit_copy_pool": PathSpec(
+        lambda job, options: dit(job, device=CPU, adopt=False, reading=options),
+        setup=lambda job: ReadOptions(),
+        about="reference DiT, copy path through the reader pool, ReadOptions()",
+    ),
+    "dit_copy_refused": PathSpec(
+        lambda job, _: refused_copy(job),
+        caches=("warm",),
+        about="reference DiT, copy path, half its bytes of host memory: refused",
     ),
     "dit_direct": PathSpec(
         lambda job, _: dit(job, device=CUDA), cuda=True, about="reference DiT, direct to CUDA"
@@ -395,6 +408,12 @@ PATHS: dict[str, PathSpec] = {
         lambda job, _: vae_stream(job, device=CPU),
         model="vae",
         about="reference VAE streaming to CPU",
+    ),
+    "vae_stream_pool": PathSpec(
+        lambda job, options: vae_stream(job, device=CPU, reading=options),
+        model="vae",
+        setup=lambda job: ReadOptions(),
+        about="reference VAE streaming to CPU through the reader pool, ReadOptions()",
     ),
     "vae_stream_cuda": PathSpec(
         lambda job, _: vae_stream(job, device=CUDA),

@@ -4,7 +4,7 @@ Each ratio is read off one size's medians (`reference.bench.command.measure_size
 of one (path, cache) pair: a cache state is "warm" or "cold", and `best_read` is the fastest read
 limit of that state. A ratio whose (path, cache) was skipped (no CUDA, pages that could not be
 dropped) or not measured (`--cache`) is reported as skipped, with the reason; a ratio without a
-target is shown for comparison ("info"); a placeholder names a claim nothing measures yet.
+target is shown for comparison ("info").
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ Figures = Mapping[str, Any]
 class Ratio:
     """A named ratio, its target, and how it is read off the figures.
 
-    `needs` names the (path, cache) pairs it reads; `placeholder`, when set, is why the ratio is
-    not measured at all (it is always skipped, with that reason).
+    `needs` names the (path, cache) pairs it reads.
     """
 
     name: str
@@ -31,7 +30,6 @@ class Ratio:
     target: Callable[[Figures], float] | None
     value: Callable[[Figures], float]
     needs: tuple[tuple[str, str], ...]
-    placeholder: str | None = None
 
 
 def _fig(size: Figures, path: str, cache: str, key: str) -> float:
@@ -51,10 +49,6 @@ def _resident_over_read(size: Figures, path: str, cache: str) -> float:
     """The path's time until every byte is resident over the best read of as many bytes."""
     best_time = float(size["paths"][path]["bytes"]) / _rate(size, "best_read", cache)
     return _fig(size, path, cache, "resident_s") / best_time
-
-
-def _never(size: Figures) -> float:
-    raise AssertionError("a placeholder ratio has no value")
 
 
 RATIOS = (
@@ -78,13 +72,27 @@ RATIOS = (
         "cold_copy_throughput_over_best_cold_read",
         ">=",
         lambda s: 0.9,
-        lambda s: _rate(s, "dit_copy", "cold") / _rate(s, "best_read", "cold"),
-        (("dit_copy", "cold"), ("best_read", "cold")),
+        lambda s: _rate(s, "dit_copy_pool", "cold") / _rate(s, "best_read", "cold"),
+        (("dit_copy_pool", "cold"), ("best_read", "cold")),
     ),
     Ratio(
         "warm_copy_throughput_over_best_warm_read",
         ">=",
         lambda s: 0.9,
+        lambda s: _rate(s, "dit_copy_pool", "warm") / _rate(s, "best_read", "warm"),
+        (("dit_copy_pool", "warm"), ("best_read", "warm")),
+    ),
+    Ratio(
+        "cold_map_copy_throughput_over_best_cold_read",
+        "",
+        None,
+        lambda s: _rate(s, "dit_copy", "cold") / _rate(s, "best_read", "cold"),
+        (("dit_copy", "cold"), ("best_read", "cold")),
+    ),
+    Ratio(
+        "warm_map_copy_throughput_over_best_warm_read",
+        "",
+        None,
         lambda s: _rate(s, "dit_copy", "warm") / _rate(s, "best_read", "warm"),
         (("dit_copy", "warm"), ("best_read", "warm")),
     ),
@@ -112,9 +120,16 @@ RATIOS = (
     Ratio(
         "vae_stream_overhead_over_largest_tensor",
         "<=",
-        lambda s: s["vae_tensors_in_flight"] + 0.5,
+        lambda s: 1.5,
         lambda s: _overhead(s, "vae_stream"),
         (("vae_stream", "warm"),),
+    ),
+    Ratio(
+        "vae_pool_overhead_over_largest_tensor",
+        "<=",
+        lambda s: s["vae_tensors_in_flight"] + 0.5,
+        lambda s: _overhead(s, "vae_stream_pool"),
+        (("vae_stream_pool", "warm"),),
     ),
     Ratio(
         "vae_ordinary_overhead_over_largest_tensor",
@@ -125,11 +140,10 @@ RATIOS = (
     ),
     Ratio(
         "copy_path_refused_above_available_memory",
-        "",
-        None,
-        _never,
-        (),
-        placeholder="no refusal path yet",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "dit_copy_refused", "warm", "anon_peak") / s["dit"]["bytes"],
+        (("dit_copy_refused", "warm"),),
     ),
     Ratio(
         "diffusers_zero_copy_anon_over_checkpoint",
@@ -189,7 +203,7 @@ def compute_ratios(size: Figures) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for ratio in RATIOS:
         reasons = [missing(size, path, cache) for path, cache in ratio.needs]
-        reason = ratio.placeholder or next((r for r in reasons if r is not None), None)
+        reason = next((r for r in reasons if r is not None), None)
         if reason is not None:
             out[ratio.name] = {"value": None, "target": None, "op": ratio.op, "pass": None}
             out[ratio.name] |= {"status": "skipped", "reason": reason}

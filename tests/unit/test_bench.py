@@ -6,14 +6,11 @@ arithmetic of the ratios.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.machinery
 import itertools
 import json
 import math
 import os
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +34,14 @@ from reference.bench.command import (
     write_folder,
 )
 from reference.bench.ratios import RATIOS, compute_ratios
-from reference.bench.report import format_document, format_ratios, plot_available, write_plot
+from reference.bench.report import format_document, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
 from reference.kit.fakes.bench import BenchDiT, BenchShapes
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.plan import WeightLoadPlan
+from reference.reading import ReadOptions
 
 pytestmark = pytest.mark.internal
 
@@ -164,7 +162,8 @@ def test_each_cpu_path_reports_its_figures(
         pytest.skip(result["skipped"])
     spec = bench_paths.PATHS[path]
     moved = result["adopted"] + result["copied"] + result["streamed"]
-    assert moved >= facts[spec.model]["bytes"]
+    # the refused copy path moves nothing (test_the_refused_copy_path_is_refused...)
+    assert moved >= (0 if path == "dit_copy_refused" else facts[spec.model]["bytes"])
     keys = {"anon_peak", "file_peak_read"} if mode == "memory" else {"load_s", "resident_s"}
     assert keys | {"cached"} <= set(result)
     if cache == "cold":
@@ -326,7 +325,7 @@ def test_cache_warm_measures_warm_only(folder: tuple[Path, dict[str, Any]]) -> N
     assert all("cold" not in row for row in size["paths"].values())
     cold = size["ratios"]["cold_copy_throughput_over_best_cold_read"]
     assert cold["status"] == "skipped"
-    assert cold["reason"] == "dit_copy cold: not measured in this run"
+    assert cold["reason"] == "dit_copy_pool cold: not measured in this run"
     assert size["ratios"]["warm_copy_throughput_over_best_warm_read"]["status"] != "skipped"
 
 
@@ -341,53 +340,34 @@ def test_cold_runs_that_cannot_drop_pages_are_skipped_with_the_reason(
     cold = [j for j in size["jobs"] if j["cache"] == "cold"]
     assert len(cold) == len({j["path"] for j in cold})
     reason = size["ratios"]["cold_copy_throughput_over_best_cold_read"]["reason"]
-    assert reason == "dit_copy cold: pages stayed"
+    assert reason == "dit_copy_pool cold: pages stayed"
 
 
-def test_the_prefetch_path_is_skipped_without_reference_reading(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, bench_paths.READING, None)
-    spec = bench_paths.PATHS["dit_zero_copy_prefetch"]
-    assert spec.requires == "reference.reading"
-    assert unavailable(spec, None) == "reference.reading not available"
-    assert bench_paths.reading_defaults() is None
-    assert tensors_in_flight() == 1
-    with pytest.raises(RuntimeError, match=r"reference\.reading"):
-        bench_paths.prefetch_options()
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeReadOptions:
-    """The shape `reference.reading.ReadOptions` is specified to have."""
-
-    workers: int = 2
-    max_tensors: int = 3
-    max_bytes: int = 1 << 30
-    prefetch: bool = False
-
-
-def test_the_prefetch_path_passes_read_options_with_prefetch_on(
+def test_the_pool_and_prefetch_paths_pass_their_read_options(
     folder: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reading = types.ModuleType(bench_paths.READING)
-    reading.__spec__ = importlib.machinery.ModuleSpec(bench_paths.READING, None)
-    reading.ReadOptions = FakeReadOptions  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, bench_paths.READING, reading)
     seen: list[Any] = []
+    real_load_dit, real_load_vae = bench_paths.load_dit, bench_paths.load_vae
 
     def load_dit(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
         seen.append(reading)
-        return real_load_dit(*args, **kwargs)
+        return real_load_dit(*args, reading=reading, **kwargs)
 
-    real_load_dit = bench_paths.load_dit
+    def load_vae(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
+        seen.append(reading)
+        return real_load_vae(*args, reading=reading, **kwargs)
+
     monkeypatch.setattr(bench_paths, "load_dit", load_dit)
-    spec = bench_paths.PATHS["dit_zero_copy_prefetch"]
-    assert unavailable(spec, None) is None
-    assert tensors_in_flight() == 3
-    result = bench_paths.run(bench_paths.Job("dit_zero_copy_prefetch", folder[0], "time"))
-    assert result["adopted"] > 0
-    assert seen == [FakeReadOptions(prefetch=True)]
+    monkeypatch.setattr(bench_paths, "load_vae", load_vae)
+    where, facts = folder
+    prefetched = bench_paths.run(bench_paths.Job("dit_zero_copy_prefetch", where, "time"))
+    pooled = bench_paths.run(bench_paths.Job("dit_copy_pool", where, "time"))
+    streamed = bench_paths.run(bench_paths.Job("vae_stream_pool", where, "time"))
+    assert prefetched["adopted"] > 0.99 * facts["dit"]["bytes"]
+    assert pooled["copied"] == facts["dit"]["bytes"]
+    assert streamed["streamed"] == facts["vae"]["bytes"]
+    assert seen == [ReadOptions(prefetch=True), ReadOptions(), ReadOptions()]
+    assert tensors_in_flight() == ReadOptions().max_tensors
 
 
 def test_zero_copy_adopts_and_the_copy_path_copies(folder: tuple[Path, dict[str, Any]]) -> None:
@@ -454,6 +434,8 @@ def test_ratios_read_their_figures_and_judge_their_targets() -> None:
     size = _size(
         dit_zero_copy={"warm": {"anon_peak": 10, "load_s": 0.1}, "cold": {"resident_s": 2.0}},
         dit_copy={"warm": {"load_s": 1.0}, "cold": {"load_s": 2.0}},
+        dit_copy_pool={"warm": {"load_s": 1.0}, "cold": {"load_s": 2.0}},
+        dit_copy_refused={"warm": {"anon_peak": 5}},
         readinto={"warm": {"load_s": 0.5}, "cold": {"load_s": 1.6}},
         # the best read: 1000 bytes in 0.8 s warm (1250 B/s), in 1.6 s cold (625 B/s)
         best_read={"warm": {"load_s": 0.8, "of": "preadv_2"}, "cold": {"load_s": 1.6}},
@@ -479,12 +461,19 @@ def test_ratios_read_their_figures_and_judge_their_targets() -> None:
     assert (warm["value"], warm["status"]) == (pytest.approx(0.8), "miss")  # 1000/1 over 1250
     cold = ratios["cold_copy_throughput_over_best_cold_read"]
     assert (cold["value"], cold["status"]) == (pytest.approx(0.8), "miss")  # 500 over 625
+    for cache in ("cold", "warm"):
+        mapped = ratios[f"{cache}_map_copy_throughput_over_best_{cache}_read"]
+        assert (mapped["value"], mapped["status"]) == (pytest.approx(0.8), "info")
+    refused = ratios["copy_path_refused_above_available_memory"]
+    assert (refused["value"], refused["status"]) == (pytest.approx(0.005), "pass")
     # 2.0 s until resident over 1000 bytes at the best cold read's 625 B/s (1.6 s)
     lazy = ratios["cold_no_prefetch_resident_over_best_cold_read_time"]
     assert (lazy["value"], lazy["status"]) == (pytest.approx(1.25), "info")
     prefetch = ratios["cold_zero_copy_resident_over_best_cold_read_time"]
     assert prefetch["status"] == "skipped"
     assert prefetch["reason"] == "dit_zero_copy_prefetch: no CUDA device"
+    pool = ratios["vae_pool_overhead_over_largest_tensor"]
+    assert pool["reason"] == "vae_stream_pool: no CUDA device"
     assert ratios["vae_stream_overhead_over_largest_tensor"]["value"] == pytest.approx(1.0)
     assert ratios["vae_stream_overhead_over_largest_tensor"]["target"] == pytest.approx(1.5)
     assert ratios["vae_ordinary_overhead_over_largest_tensor"]["status"] == "info"
@@ -501,10 +490,10 @@ def test_ratios_read_their_figures_and_judge_their_targets() -> None:
 
 def test_the_cold_targets_pass_at_the_best_read_and_the_vae_target_follows_k() -> None:
     size = _size(
-        dit_copy={"cold": {"load_s": 1.0}, "warm": {"load_s": 0.5}},
+        dit_copy_pool={"cold": {"load_s": 1.0}, "warm": {"load_s": 0.5}},
         dit_zero_copy_prefetch={"cold": {"resident_s": 1.05}},
         best_read={"cold": {"load_s": 1.0}, "warm": {"load_s": 0.5}},
-        vae_stream={"warm": {"anon_peak": 3400, "host_anon_bytes": 1000}},
+        vae_stream_pool={"warm": {"anon_peak": 3400, "host_anon_bytes": 1000}},
     )
     size["vae_tensors_in_flight"] = 4
     ratios = compute_ratios(size)
@@ -517,35 +506,28 @@ def test_the_cold_targets_pass_at_the_best_read_and_the_vae_target_follows_k() -
     assert ratios["cold_zero_copy_resident_over_best_cold_read_time"]["value"] == pytest.approx(
         1.05
     )
-    vae = ratios["vae_stream_overhead_over_largest_tensor"]
+    vae = ratios["vae_pool_overhead_over_largest_tensor"]
     assert (vae["value"], vae["target"], vae["status"]) == (pytest.approx(24.0), 4.5, "miss")
 
 
 def test_a_skipped_cache_state_skips_its_ratios_with_the_reason() -> None:
     size = _size(
-        dit_copy={"warm": {"load_s": 1.0}, "cold": {"skipped": "pages stayed"}},
+        dit_copy_pool={"warm": {"load_s": 1.0}, "cold": {"skipped": "pages stayed"}},
         best_read={"warm": {"load_s": 1.0}},
     )
     ratios = compute_ratios(size)
     assert ratios["cold_copy_throughput_over_best_cold_read"]["reason"] == (
-        "dit_copy cold: pages stayed"
+        "dit_copy_pool cold: pages stayed"
     )
     assert ratios["warm_copy_throughput_over_best_warm_read"]["status"] == "pass"
 
 
-def test_the_refusal_ratio_is_a_placeholder_until_there_is_a_refusal_path() -> None:
-    ratio = compute_ratios(_size())["copy_path_refused_above_available_memory"]
-    assert ratio == {
-        "value": None,
-        "target": None,
-        "op": "",
-        "pass": None,
-        "status": "skipped",
-        "reason": "no refusal path yet",
-    }
-    assert "skipped: no refusal path yet" in format_ratios(
-        {"copy_path_refused_above_available_memory": ratio}
-    )
+def test_the_refused_copy_path_is_refused_and_holds_nothing(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    result = bench_paths.run(bench_paths.Job("dit_copy_refused", folder[0], "memory"))
+    assert result["copied"] == 0
+    assert result["anon_peak"] < 0.02 * folder[1]["dit"]["bytes"]
 
 
 def test_best_read_is_the_largest_throughput_of_the_limit_rows() -> None:
