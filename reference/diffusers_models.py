@@ -22,6 +22,7 @@ the extra to install.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -74,6 +75,7 @@ def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
         ) from None
 
 
+@functools.cache  # a package's classes do not change; each component load asks again
 def model_class_names(package: ModuleType, package_name: str) -> tuple[str, ...]:
     """The ModelMixin classes `package` (named `package_name`) defines and exports, sorted."""
     model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin

@@ -9,6 +9,7 @@ checkpoint files are only ever mapped privately (never written).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +34,12 @@ from reference.checkpoint import (
     skipped_notes,
 )
 from reference.errors import StateMismatchError, listed, shown
-from reference.host_memory import COPY_FIX, available_host_bytes, refuse_beyond_host
+from reference.host_memory import (
+    COPY_FIX,
+    available_host_bytes,
+    default_device,
+    refuse_beyond_host,
+)
 from reference.modules import (
     build_on_meta,
     find_slots,
@@ -89,7 +95,10 @@ def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
     """
-    with torch.device(device):
+    # A device context is a torch function mode: every call of the construction passes
+    # through its Python handler. Entered only where it changes where buffers land.
+    needed = device != default_device()
+    with torch.device(device) if needed else contextlib.nullcontext():
         module = build_on_meta(build, component=component)
     if device.type != "meta":  # on meta (the CPU tier's direct device) nothing is real anyway
         refuse_unrebuildable_buffers(module, component=component)

@@ -29,6 +29,7 @@ __all__ = [
     "COPY_FIX",
     "allocation_guard",
     "available_host_bytes",
+    "default_device",
     "refuse_beyond_host",
     "release",
     "slot_bytes",
@@ -110,9 +111,11 @@ def _arange_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | Non
     return count
 
 
-def _default_device() -> torch.device:
+def default_device() -> torch.device:
+    """Where a factory call without a device allocates (the default device context)."""
     # torch.get_default_device arrived in torch 2.3. Before it, an allocation made inside
-    # `with torch.device("cuda")` is counted as the host's: a stricter check, never a looser one.
+    # `with torch.device("cuda")` is counted as the host's (a stricter check, never a looser
+    # one), and a build for the CPU enters a CPU device context it did not need.
     get = getattr(torch, "get_default_device", None)
     return get() if get is not None else torch.device("cpu")
 
@@ -120,12 +123,37 @@ def _default_device() -> torch.device:
 _SHAPED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
 
 
+_FACTORIES = frozenset({*_SHAPED, torch.arange, torch.range, torch.eye})
+_INITIALISERS = frozenset(
+    {
+        torch.Tensor.uniform_,
+        torch.Tensor.normal_,
+        torch.Tensor.fill_,
+        torch.Tensor.zero_,
+        torch.nn.init.uniform_,
+        torch.nn.init.normal_,
+        torch.nn.init.trunc_normal_,
+        torch.nn.init.constant_,
+        torch.nn.init.ones_,
+        torch.nn.init.zeros_,
+        torch.nn.init.xavier_uniform_,
+        torch.nn.init.xavier_normal_,
+        torch.nn.init.kaiming_uniform_,
+        torch.nn.init.kaiming_normal_,
+        torch.nn.init.orthogonal_,
+    }
+)
+"""In-place initialisers: on a meta tensor each is a no-op that returns the tensor."""
+
+
 def _request(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """Bytes a factory call would allocate on the CPU (0 for anything else)."""
+    if func not in _FACTORIES:  # most calls a constructor makes; asked first, since it is cheap
+        return 0
     device = kwargs.get("device")
     if device is not None and torch.device(device).type != "cpu":
         return 0
-    if device is None and _default_device().type != "cpu":
+    if device is None and default_device().type != "cpu":
         return 0
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
     if func in _SHAPED:
@@ -159,6 +187,13 @@ class _Guard(TorchFunctionMode):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            # torch.nn.init passes its tensor by keyword, Tensor methods as `self`.
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                # Initialising a parameter already sent to meta changes nothing; skipped,
+                # since torch runs it through its Python decompositions.
+                return target
         asked = _request(func, args, kwargs)
         if asked and self.held + asked > self.budget:
             raise HostMemoryError(

@@ -196,21 +196,29 @@ class _MetaBuild:
             return tensor
         seen = memo.get(id(tensor))
         if seen is None:
-            release(tensor)  # its real bytes are about to go
-            meta = torch.Tensor._make_subclass(
-                type(tensor), tensor.detach().to("meta"), tensor.requires_grad
-            )
-            meta.__dict__.update(tensor.__dict__)
-            try:
-                # In place: the caller's object itself goes to meta, so attributes it sets on
-                # that object after registering it (a layer's `weight_loader`) are kept.
-                torch.utils.swap_tensors(tensor, meta)  # type: ignore[no-untyped-call]
-                tensor, meta = meta, tensor
-            except RuntimeError:  # a view or weakly referenced tensor: register the meta copy
-                pass
-            # The original is kept so that its id is not reused while the build runs.
-            seen = memo[id(tensor)] = (tensor, meta)
+            # Outside every torch function mode, the allocation guard's included: this is the
+            # build's own bookkeeping, a dozen tensor calls per parameter, none an allocation
+            # on the CPU, and each would cost a trip through the modes' Python handlers.
+            with torch._C.DisableTorchFunction():
+                seen = memo[id(tensor)] = cls._swap_to_meta(tensor)
         return seen[1]
+
+    @staticmethod
+    def _swap_to_meta(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        release(tensor)  # its real bytes are about to go
+        meta = torch.Tensor._make_subclass(
+            type(tensor), tensor.detach().to("meta"), tensor.requires_grad
+        )
+        meta.__dict__.update(tensor.__dict__)
+        try:
+            # In place: the caller's object itself goes to meta, so attributes it sets on that
+            # object after registering it (a layer's `weight_loader`) are kept.
+            torch.utils.swap_tensors(tensor, meta)  # type: ignore[no-untyped-call]
+            tensor, meta = meta, tensor
+        except RuntimeError:  # a view or weakly referenced tensor: register the meta copy
+            pass
+        # The original is kept so that its id is not reused while the build runs.
+        return tensor, meta
 
     @classmethod
     def on_parameter(cls, module: nn.Module, name: str, param: nn.Parameter) -> torch.Tensor:
