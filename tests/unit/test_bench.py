@@ -642,3 +642,21 @@ def test_plot_is_written(tmp_path: Path) -> None:
     large["size_mib"] = 4
     write_plot({"command": "bench", "sizes": [small, large]}, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_beyond_ram_writes_shards_one_at_a_time_and_loads_them_zero_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reference.bench import beyond_ram
+
+    assert beyond_ram.main([str(tmp_path), "--gib", "0.004", "--shard-gib", "0.001"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) >= 3
+    assert figures["checkpoint_bytes"] == sum(p.stat().st_size for p in shards)
+    assert figures["copied_bytes"] == 0
+    assert figures["adopted_bytes"] > 0.99 * figures["checkpoint_bytes"]
+    assert figures["copy_path"] == "loaded (it fitted in memory)"
+    index = beyond_ram.write_sharded(tmp_path, target=1, shard_bytes=1)  # kept: not rewritten
+    assert index == tmp_path / beyond_ram.INDEX
+    assert sorted(tmp_path.glob("model-*.safetensors")) == shards
