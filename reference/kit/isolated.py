@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -31,10 +32,22 @@ from reference.kit.failures import SeamView, describe
 from reference.kit.seam import METHODS
 from reference.kit.selection import resolve_spec
 
-__all__ = ["DEADLINE", "MEMORY_LIMIT", "Attempt", "attempt", "attempt_with", "isolated_call"]
+__all__ = [
+    "DEADLINE",
+    "MEMORY_LIMIT",
+    "STARTUP",
+    "Attempt",
+    "attempt",
+    "attempt_with",
+    "isolated_call",
+]
 
-DEADLINE = 60.0
-"""Seconds an isolated call may take (a spawned interpreter imports torch first: seconds)."""
+DEADLINE = 20.0
+"""Seconds an isolated call may take, counted from the moment the child is ready to make it
+(its start, imports and the loader's resolution are not counted: see `STARTUP`)."""
+STARTUP = 180.0
+"""Seconds a child may take to start and resolve the loader (a spawned interpreter imports
+torch; the first fork starts the server that imports it once)."""
 MEMORY_LIMIT = 4 * 1024**3
 """Bytes of data (heap and anonymous maps) the child may hold: a loader that reads a device
 file without end fails there, instead of growing until the machine runs out."""
@@ -97,6 +110,7 @@ def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], res
     except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit: keep it
         pass
     call = prepare(*args)  # imports and resolves what the call needs: not charged to it
+    results.put(("ready",))
     before = _reset_peak()
 
     def grown() -> int | None:
@@ -156,19 +170,25 @@ def _isolated(
     results = context.Queue()
     child = context.Process(target=_child, args=(prepare, args, results), daemon=True)
     child.start()
-    waited = 0.0
-    while waited < deadline:
+    started = time.monotonic()
+    limit, ready = STARTUP, False
+    while time.monotonic() - started < limit:
         try:
-            outcome, names, message, found, grown, value = results.get(timeout=0.2)
+            message = results.get(timeout=0.2)
         except queue.Empty:
-            waited += 0.2
             if not child.is_alive():
                 return Attempt("crashed", message=f"the process died (exit code {child.exitcode})")
             continue
+        if message == ("ready",):
+            started, limit, ready = time.monotonic(), deadline, True
+            continue
+        outcome, names, text, found, grown, value = message
         child.join(5)
-        return Attempt(outcome, tuple(names), message, found, grown, value)
+        return Attempt(outcome, tuple(names), text, found, grown, value)
     child.kill()
     child.join(5)
+    if not ready:
+        return Attempt("crashed", message=f"the child did not start within {STARTUP:.0f} s")
     return Attempt("blocked", message=f"still running after {deadline:.0f} s: killed")
 
 

@@ -38,8 +38,8 @@ from reference.kit.isolated import Attempt, isolated_call
 
 from .command import run_reference
 
-DEADLINE = 60.0
-"""Seconds one attempt may take, a child's start included."""
+DEADLINE = 15.0
+"""Seconds one attempt's call may take (the child's start is not counted)."""
 PEAK_BOUND = 512 * 1024**2
 """Bytes one attempt's resident memory may rise by during the call: a loader that reads a
 device file, a sparse index or a header bomb into memory goes far past it."""
