@@ -130,6 +130,10 @@ def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], res
 def _picklable(value: Any) -> Any:
     import pickle
 
+    import torch
+
+    if isinstance(value, torch.nn.Module | torch.Tensor | torch.UntypedStorage):
+        return None  # described, not sent: pickling would copy every byte of the weights
     try:
         pickle.dumps(value)
     except Exception:  # a module, a tensor of a map: described, not sent

@@ -192,28 +192,51 @@ class SwapsShardWhileBuilt(CorpusDiT):
             os.replace(*SwapsShardWhileBuilt.swap)
 
 
+class SwapsShardWhileBuiltVAE(CorpusVAE):
+    """The VAE stream's counterpart of `SwapsShardWhileBuilt`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if SwapsShardWhileBuilt.swap is not None:
+            os.replace(*SwapsShardWhileBuilt.swap)
+
+
 @pytest.mark.rule("CKPT-4")
-@pytest.mark.capability(ZERO_COPY)
+@pytest.mark.parametrize("shards", [1, 2], ids=["single-file", "second-of-two-shards"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("dit-adopt", marks=pytest.mark.capability(ZERO_COPY)),
+        pytest.param("vae-stream", marks=pytest.mark.capability(VAE_STREAM)),
+    ],
+)
 def test_a_shard_replaced_after_its_header_check_is_never_loaded_silently(
-    loader: SeamLoader, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path, path: str, shards: int
 ) -> None:
     """The loader refuses naming the shard, or loads exactly the bytes it validated; it never
     hands out values of the replacement under the header it checked."""
     state = small_state()
-    path = write_checkpoint(state, tmp_path / "ckpt")
+    checkpoint = write_checkpoint(state, tmp_path / "ckpt", shards=shards)
     other = {name: torch.full_like(t, 7) for name, t in state.items()}
-    replacement = write_checkpoint(other, tmp_path / "other")
-    assert replacement.stat().st_size == path.stat().st_size
-    SwapsShardWhileBuilt.swap = (replacement, path)
+    write_checkpoint(other, tmp_path / "other", shards=shards)
+    victim = sorted((tmp_path / "ckpt").glob("*.safetensors"))[-1]
+    replacement = tmp_path / "other" / victim.name
+    assert replacement.stat().st_size == victim.stat().st_size
+    SwapsShardWhileBuilt.swap = (replacement, victim)
     refusal = None
     try:
-        module, _ = loader.load_dit(SwapsShardWhileBuilt, path, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        if path == "vae-stream":
+            module, _ = loader.load_vae(SwapsShardWhileBuiltVAE, checkpoint, device=CPU)
+        else:
+            module, _ = loader.load_dit(
+                SwapsShardWhileBuilt, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS
+            )
     except ValueError as refused:
         refusal = str(refused)
     finally:
         SwapsShardWhileBuilt.swap = None
     if refusal is not None:
-        assert path.name in refusal
+        assert victim.name in refusal
         return
     for name, tensor in state.items():
         assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
