@@ -285,14 +285,18 @@ def keeps_read_tensor(
     return tuple(shape) == tuple(target.shape) and dtype == target.dtype and target.is_contiguous()
 
 
-def keep_fresh(slot: Slot, tensor: torch.Tensor, load_device: torch.device) -> torch.Tensor | None:
+def keep_fresh(
+    slot: Slot, tensor: torch.Tensor, load_device: torch.device, *, as_is: bool = False
+) -> torch.Tensor | None:
     """The copy path without its copy, for a tensor its reader freshly allocated (never a view
     of a file map): `tensor` itself as the slot's tensor where `keeps_read_tensor` allows it,
-    else None (the copy path must run). A parameter keeps its class and attributes, and gets
-    the `requires_grad` the copy path gives it (ZC-10, ZC-11)."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+    or where `as_is` says the layer's own loader would copy it unchanged (the zero-copy verdict
+    holds for it: a standard loader at TP=1, unquantized, the slot's dtype and layout), else
+    None (the copy path must run). A parameter keeps its class and attributes, and gets the
+    `requires_grad` the copy path gives it (ZC-10, ZC-11)."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or load_device.type != "cpu":
         return None
-    if not keeps_read_tensor(slot, tensor.dtype, tuple(tensor.shape), load_device):
+    if not as_is and not keeps_read_tensor(slot, tensor.dtype, tuple(tensor.shape), load_device):
         return None
     if not slot.is_parameter:
         return tensor
@@ -410,7 +414,15 @@ def load_full_state(
                     what=f"copying {name!r} (with the copies before it)",
                     fix=COPY_FIX,
                 )
-            kept = keep_fresh(slot, tensor, load_device) if name in fresh else None
+            kept = None
+            if name in fresh:
+                # The verdict of adoption tells whether the layer's loader would copy the
+                # tensor unchanged; a fresh buffer of those bytes can then be kept.
+                as_is = slot.is_parameter and (
+                    verdict.adopt
+                    or steps.verdict(slot.tensor, tensor, slot.tensor, kinds=kinds).adopt
+                )
+                kept = keep_fresh(slot, tensor, load_device, as_is=as_is)
             new = steps.copy(slot, tensor, load_device) if kept is None else kept
         loaded[name] = new
         records.append(

@@ -25,6 +25,7 @@ from reference.adopt import (
     LinearKinds,
     keeps_read_tensor,
     load_full_state,
+    zero_copy_verdict,
 )
 from reference.checkpoint import (
     Checkpoint,
@@ -112,6 +113,7 @@ def dit_reader(
     reading: ReadOptions | None,
     copies_every_tensor: bool,
     device: torch.device,
+    kinds: LinearKinds,
 ) -> TensorReader:
     """The reference's reader for one DiT load into `module` (built, not yet loaded).
 
@@ -119,7 +121,8 @@ def dit_reader(
     device, where it is adopted) reads through the pool where `reference.reading.pool_options`
     says so (given options; not by default). On a CPU load
     device the pool reads the tensors whose buffers become the loaded tensors as they are
-    (`reference.adopt.keeps_read_tensor`); the others (a layer's `weight_loader` fills them, or
+    (`reference.adopt.keeps_read_tensor`, or the zero-copy verdict: a standard layer's loader
+    at TP=1 copies the tensor unchanged); the others (a layer's `weight_loader` fills them, or
     they are converted) are copied from the file's map, so no tensor is copied twice. A load
     that may adopt CPU tensors needs views of the file's map (`TensorReader`), populated in the
     background when `reading.prefetch`.
@@ -130,12 +133,26 @@ def dit_reader(
     if device.type != "cpu":
         return PooledReader(checkpoint, pool)
     slots = find_slots(module).by_name
+    probe = TensorReader(checkpoint)  # map views to judge by: nothing is read
 
     def kept(info: TensorInfo) -> bool:
         slot = slots.get(info.name)
-        return slot is not None and keeps_read_tensor(slot, info.dtype, info.shape, device)
+        if slot is None:
+            return False
+        if keeps_read_tensor(slot, info.dtype, info.shape, device):
+            return True
+        # A standard layer's loader at TP=1 copies the tensor unchanged (the zero-copy verdict
+        # holds): its fresh buffer can be the parameter.
+        view = probe.read(info.name, device=device)
+        return (
+            slot.is_parameter
+            and zero_copy_verdict(slot.tensor, view, slot.tensor, kinds=kinds).adopt
+        )
 
-    return PooledReader(checkpoint, pool, pooled=kept)
+    try:
+        return PooledReader(checkpoint, pool, pooled=kept)
+    finally:
+        probe.close()
 
 
 @dataclass(frozen=True)
@@ -231,7 +248,12 @@ def load_dit(
         reader = steps.reader(opened)
     else:
         reader = dit_reader(
-            opened, module, reading=reading, copies_every_tensor=direct or not adopt, device=device
+            opened,
+            module,
+            reading=reading,
+            copies_every_tensor=direct or not adopt,
+            device=device,
+            kinds=kinds,
         )
     in_flight: list[str] = []  # the tensor being loaded, so a mismatch can name its file
 

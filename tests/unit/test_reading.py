@@ -484,3 +484,36 @@ def test_prefetch_does_not_apply_to_a_load_through_the_pool(
         assert same(tensor, state[name]), name
         if maps_missing() is None:
             assert file_position(tensor) is None, name
+
+
+def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchanged(
+    tmp_path: Path,
+) -> None:
+    """Column- and row-parallel layers at TP=1 (their loader copies the tensor unchanged): the
+    pool reads them into the buffers that become the parameters, so nothing is copied twice."""
+    from reference.dit import build_dit, dit_reader
+    from reference.kit.fakes.bench import BenchShapes, write_bench_checkpoints
+
+    shapes = BenchShapes.for_bytes(1 << 20)
+    path, _ = write_bench_checkpoints(tmp_path, shapes)
+    opened = open_checkpoint(path)
+    module = build_dit(shapes.dit, CPU, component="transformer")
+    options = ReadOptions(workers=2)
+    reader = dit_reader(
+        opened, module, reading=options, copies_every_tensor=True, device=CPU, kinds=LINEAR_KINDS
+    )
+    try:
+        assert reader.fresh_names == frozenset(opened.tensors)
+    finally:
+        reader.close()
+    loaded, report = load_dit(
+        shapes.dit, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=options
+    )
+    assert report.copied.bytes == opened.total_bytes
+    plain = TensorReader(opened)
+    try:
+        for name, tensor in loaded.state_dict().items():
+            assert torch.equal(tensor, plain.read(name, device=CPU)), name
+            assert tensor.untyped_storage().nbytes() == tensor.nbytes, name  # its own buffer
+    finally:
+        plain.close()
