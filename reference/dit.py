@@ -212,7 +212,8 @@ def load_dit(
             every load reads views of the file's map, as before the pool existed, without
             prefetch. Given options (`workers` of 1 or more) send the loads that copy every
             tensor (adopt=False, direct mode) through the bounded reader pool, whose buffers
-            become the copied tensors where no conversion or `weight_loader` is involved;
+            become the copied tensors where no conversion is involved and the layer has no
+            `weight_loader` or a standard one at TP=1 (see `dit_reader`);
             `prefetch` populates a zero-copy load's maps in the background (the load does not
             wait for it).
         steps: the steps of the load (see `DiTSteps`); the reference's by default.
