@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["INDEX_NAME", "write_checkpoint"]
+__all__ = ["INDEX_NAME", "write_checkpoint", "write_misaligned_checkpoint"]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -58,3 +58,21 @@ def write_checkpoint(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     )
     return index
+
+
+def write_misaligned_checkpoint(path: Path) -> Path:
+    """A file of u8 (1 byte), then f16 (2 elements at an odd file offset), then f32 (aligned,
+    not first), written byte by byte (safetensors' writer aligns nothing of the kind)."""
+    f16 = torch.tensor([1.5, -2.0], dtype=torch.float16)
+    f32 = torch.tensor([3.0], dtype=torch.float32)
+    header = {
+        "u8": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        "f16": {"dtype": "F16", "shape": [2], "data_offsets": [1, 5]},
+        "pad": {"dtype": "U8", "shape": [3], "data_offsets": [5, 8]},
+        "f32": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)  # data section starts 8-aligned, as safetensors writes it
+    data = b"\x07" + f16.numpy().tobytes() + b"\0\0\0" + f32.numpy().tobytes()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+    return path

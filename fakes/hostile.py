@@ -33,6 +33,7 @@ __all__ = [
     "UNKNOWN_NAME",
     "WEIGHT_CASES",
     "Hostile",
+    "write_hostile_json",
     "write_pipeline_case",
     "write_weight_case",
 ]
@@ -150,7 +151,9 @@ WEIGHT_CASES: dict[str, Callable[[Path], Hostile]] = {
 """Entries written into a checkpoint folder."""
 
 
-def _json_file(kind: str, path: Path) -> None:
+def write_hostile_json(kind: str, path: Path) -> None:
+    """Replace the JSON file at `path` with a hostile one: `nested` 100,000 deep, a
+    `long-number` of 5000 digits, a `folder`, or a blocking file (`make_blocking_file`)."""
     path.unlink()
     if kind == "nested":
         path.write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
@@ -165,7 +168,7 @@ def _json_file(kind: str, path: Path) -> None:
 def _pipeline_json(case: str, file: str, kind: str) -> Callable[[Path, str], Hostile]:
     def write(root: Path, component: str) -> Hostile:
         path = root / file.format(component=component)
-        _json_file(kind, path)
+        write_hostile_json(kind, path)
         return Hostile(case, root, (path.name,))
 
     return write

@@ -102,19 +102,9 @@ def prefetch_options() -> ReadOptions:
 def refused_copy(job: Job) -> Loaded:
     """The copy path with half the checkpoint's bytes of host memory available: it must be
     refused (`HostMemoryError`) before it allocates; the figures are those of the refusal."""
-    from reference.kit.fakes.layers import LINEAR_KINDS
-
     budget = job.files("dit")[0].stat().st_size // 2
-    plan = WeightLoadPlan(checkpoint_load_device=CPU)
     try:
-        load_dit(
-            job.shapes.dit,
-            job.checkpoint("dit"),
-            plan=plan,
-            kinds=LINEAR_KINDS,
-            adopt=False,
-            host_bytes=budget,
-        )
+        dit(job, device=CPU, adopt=False, host_bytes=budget)
     except HostMemoryError:
         return Loaded(torch.empty(0), copied=0)
     raise RuntimeError("the copy path loaded with half the memory it needs: it was not refused")
@@ -220,9 +210,15 @@ def read_all(tensors: list[torch.Tensor]) -> int:
 
 
 def dit(
-    job: Job, *, device: torch.device, adopt: bool = True, reading: ReadOptions | None = None
+    job: Job,
+    *,
+    device: torch.device,
+    adopt: bool = True,
+    reading: ReadOptions | None = None,
+    host_bytes: int | None = None,
 ) -> Loaded:
-    """The reference DiT loader, reading as `reading` says (the loader's default: None)."""
+    """The reference DiT loader, reading as `reading` says and with `host_bytes` of host memory
+    (the loader's defaults: None)."""
     from reference.kit.fakes.layers import LINEAR_KINDS
 
     direct = device.type != "cpu"
@@ -242,6 +238,7 @@ def dit(
         kinds=LINEAR_KINDS,
         adopt=adopt,
         reading=reading,
+        host_bytes=host_bytes,
     )
     return from_report(module, report)
 

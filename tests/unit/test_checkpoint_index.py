@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from reference.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 from reference.errors import CheckpointError
+from reference.kit.fakes.checkpoints import write_misaligned_checkpoint
 from reference.kit.fakes.judge import assert_names, loaded_or_refused, refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
@@ -302,29 +303,12 @@ def test_each_file_is_mapped_once_and_only_as_the_file_validated(tmp_path: Path)
     assert torch.equal(first, torch.arange(4.0))
 
 
-def _aligned_and_not(path: Path) -> Path:
-    """u8 (1 byte) then f16 (2 elements at an odd file offset) then f32 (aligned, not first)."""
-    f16 = torch.tensor([1.5, -2.0], dtype=torch.float16)
-    f32 = torch.tensor([3.0], dtype=torch.float32)
-    header = {
-        "u8": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-        "f16": {"dtype": "F16", "shape": [2], "data_offsets": [1, 5]},
-        "pad": {"dtype": "U8", "shape": [3], "data_offsets": [5, 8]},
-        "f32": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
-    }
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)  # data section starts 8-aligned, as safetensors writes it
-    data = b"\x07" + f16.numpy().tobytes() + b"\0\0\0" + f32.numpy().tobytes()
-    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
-    return path
-
-
 @pytest.mark.rule("CKPT-4", "ZC-13")
 @ONLY
 def test_aligned_tensors_are_views_of_the_map_and_misaligned_ones_are_copied(
     tmp_path: Path,
 ) -> None:
-    reader = _reader(_aligned_and_not(tmp_path / "m.safetensors"))
+    reader = _reader(write_misaligned_checkpoint(tmp_path / "m.safetensors"))
     cpu = torch.device("cpu")
     for name in ("u8", "f32"):
         assert reader.read(name, device=cpu).data_ptr() == reader.read(name, device=cpu).data_ptr()
@@ -337,7 +321,7 @@ def test_aligned_tensors_are_views_of_the_map_and_misaligned_ones_are_copied(
 @ONLY
 def test_reads_for_another_device_land_there(tmp_path: Path) -> None:
     """`meta` stands for any device but CPU in the CPU tier."""
-    reader = _reader(_aligned_and_not(tmp_path / "d.safetensors"))
+    reader = _reader(write_misaligned_checkpoint(tmp_path / "d.safetensors"))
     tensor = reader.read("f32", device=torch.device("meta"))
     assert tensor.is_meta
     assert (tensor.dtype, tuple(tensor.shape)) == (torch.float32, (1,))

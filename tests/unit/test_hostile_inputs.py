@@ -27,6 +27,7 @@ from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
 from reference.kit.fakes.corrupt import small_state
 from reference.kit.fakes.guards import BLOCKING, make_blocking_file
+from reference.kit.fakes.hostile import write_hostile_json
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
@@ -291,18 +292,6 @@ def test_unknown_names_make_one_bounded_printable_line(
 # --- pipeline JSON: model_index.json and config.json ---------------------------------------------
 
 
-def _pipeline_json(case: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if case == "nested":
-        path.write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
-    elif case == "long-number":
-        path.write_bytes(b'{"a": ' + b"9" * 5000 + b"}")
-    elif case == "folder":
-        path.mkdir()
-    else:
-        make_blocking_file(case, path)
-
-
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.reference_only(OWN)
 @pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json"])
@@ -318,8 +307,7 @@ def test_pipeline_json_is_read_bounded_and_refused_naming_the_file(
     (root / "model_index.json").write_text(json.dumps({"transformer": ["x", "CorpusDiT"]}))
     (root / "transformer" / "config.json").write_text("{}")
     target = root / file
-    target.unlink()
-    _pipeline_json(case, target)
+    write_hostile_json(case, target)
     with deadline(60), pytest.raises(CheckpointError) as caught:
         read_pipeline(root).component("transformer").init_kwargs  # noqa: B018
     assert caught.value.file == str(target)

@@ -8,7 +8,6 @@ threads are left and which errors are raised where.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
 import threading
@@ -20,11 +19,12 @@ import torch
 from torch import nn
 
 from reference import pool as pool_mod
+from reference.bench.cache import drop
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
 from reference.errors import ArgumentError, CheckpointError
 from reference.header import TensorInfo
-from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.checkpoints import write_checkpoint, write_misaligned_checkpoint
 from reference.kit.fakes.dit import PlainDiT, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.file_maps import file_position, maps_missing
 from reference.kit.fakes.layers import LINEAR_KINDS
@@ -157,25 +157,9 @@ def test_pooled_values_equal_the_file_each_in_a_fresh_buffer(
             assert file_position(read[name]) is None, name
 
 
-def _misaligned(path: Path) -> Path:
-    """u8 (1 byte) then f16 (2 elements at an odd file offset) then f32 (aligned)."""
-    f16 = torch.tensor([1.5, -2.0], dtype=torch.float16)
-    f32 = torch.tensor([3.0], dtype=torch.float32)
-    header = {
-        "u8": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-        "f16": {"dtype": "F16", "shape": [2], "data_offsets": [1, 5]},
-        "pad": {"dtype": "U8", "shape": [3], "data_offsets": [5, 8]},
-        "f32": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
-    }
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    data = b"\x07" + f16.numpy().tobytes() + b"\0\0\0" + f32.numpy().tobytes()
-    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
-    return path
-
-
 def test_a_misaligned_tensor_is_read_whole(tmp_path: Path, no_thread_left: None) -> None:
-    reader = PooledReader(open_checkpoint(_misaligned(tmp_path / "m.safetensors")), SMALL)
+    path = write_misaligned_checkpoint(tmp_path / "m.safetensors")
+    reader = PooledReader(open_checkpoint(path), SMALL)
     try:
         read = every_tensor(reader)
     finally:
@@ -378,15 +362,6 @@ def test_vae_streaming_through_the_pool_fills_each_slot_with_its_own_tensor(
 # --- prefetch ----------------------------------------------------------------------------------
 
 
-def drop_pages(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def resident_pages(address: int, length: int) -> tuple[int, int]:
     """(pages resident, pages) of the map range, by mincore."""
     page = os.sysconf("SC_PAGE_SIZE")
@@ -427,7 +402,7 @@ def test_prefetch_makes_the_map_resident_and_leaves_values_identical(
     state = {f"w{n}": torch.randn(256, 256) for n in range(8)}  # 2 MiB
     path = write_checkpoint(state, tmp_path)
     checkpoint = open_checkpoint(path)
-    drop_pages(path)
+    drop([path])
     reader = TensorReader(checkpoint, prefetch=3)
     first = reader.read("w0", device=CPU)  # maps the file: the prefetch starts
     assert len(reader.prefetches) == 1
@@ -453,7 +428,7 @@ def test_a_zero_copy_load_with_prefetch_adopts_map_views_and_returns(
     torch.manual_seed(3)
     state = {name: torch.randn(t.shape).to(t.dtype) for name, t in shapes.items()}
     path = write_checkpoint(state, tmp_path)
-    drop_pages(path)
+    drop([path])
     module, report = load_dit(
         PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, reading=ReadOptions(prefetch=True)
     )
