@@ -460,3 +460,11 @@ def test_the_reference_reports_the_dotfiles_it_skipped(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "\nnotes:\ntransformer    skipped " in result.stdout
     assert "._model.safetensors" in result.stdout
+
+
+@pytest.mark.internal
+def test_shown_escapes_bytes_that_are_not_utf8_and_control_characters() -> None:
+    from reference.errors import shown
+
+    assert shown(b"model-\xff\n.safetensors") == "model-\\xff\\x0a.safetensors"
+    assert shown("gone\x00\x1b[2K") == "gone\\x00\\x1b[2K"
