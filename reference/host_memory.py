@@ -146,14 +146,21 @@ _INITIALISERS = frozenset(
 """In-place initialisers: on a meta tensor each is a no-op that returns the tensor."""
 
 
-def _request(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
-    """Bytes a factory call would allocate on the CPU (0 for anything else)."""
+def _request(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    default_cpu: bool = True,
+) -> int:
+    """Bytes a factory call would allocate on the CPU (0 for anything else); `default_cpu`:
+    a call that names no device allocates on the CPU."""
     if func not in _FACTORIES:  # most calls a constructor makes; asked first, since it is cheap
         return 0
     device = kwargs.get("device")
     if device is not None and torch.device(device).type != "cpu":
         return 0
-    if device is None and default_device().type != "cpu":
+    if device is None and not default_cpu:
         return 0
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
     if func in _SHAPED:
@@ -178,6 +185,9 @@ class _Guard(TorchFunctionMode):
         self.component = component
         self.budget = budget
         self.held = 0
+        # A call reaches this mode without a device only through the device contexts entered
+        # before it (one entered later sits above it and adds the device), so it is asked once.
+        self.default_cpu = default_device().type == "cpu"
 
     def __torch_function__(
         self,
@@ -194,7 +204,7 @@ class _Guard(TorchFunctionMode):
                 # Initialising a parameter already sent to meta changes nothing; skipped,
                 # since torch runs it through its Python decompositions.
                 return target
-        asked = _request(func, args, kwargs)
+        asked = _request(func, args, kwargs, default_cpu=self.default_cpu)
         if asked and self.held + asked > self.budget:
             raise HostMemoryError(
                 f"{self.component}: constructing the model asks for {asked} bytes more of host"

@@ -175,7 +175,7 @@ class TransformerLoader(ComponentLoader):
             fsdp=request.fsdp,
             component=spec.name,
         )
-        return module.eval(), list(report.records)
+        return module, list(report.records)  # load_dit returns it in eval mode
 
 
 class VAELoader(ComponentLoader):
@@ -221,4 +221,4 @@ class VAELoader(ComponentLoader):
             config=spec.config,
             quantization=request.quantization,
         )
-        return module.eval(), list(report.records)
+        return module, list(report.records)  # load_vae returns it in eval mode

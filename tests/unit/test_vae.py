@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -937,6 +938,48 @@ def test_reference_builds_on_meta_in_two_threads_at_once_and_leaves_others_alone
         results["a"].get_buffer("decoder.temporal.freqs"),
         PlainBufferVAE(CONFIG).get_buffer("decoder.temporal.freqs"),
     )
+
+
+class _RecordingLinear(nn.Linear):
+    calls: ClassVar[list[str]] = []
+
+    def reset_parameters(self) -> None:
+        self.calls.append("reset")  # a subclass's own initialisation always runs
+
+
+class _LayersAndLateAttributes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.recording = _RecordingLinear(4, 4)
+        late = nn.Parameter(torch.empty(2, 2))
+        self.register_parameter("late", late)
+        late.weight_loader = print  # set on the caller's object after registering it
+        self.kept = late
+
+
+@pytest.mark.rule("VAE-1")
+@pytest.mark.reference_only("the reference's own meta build")
+def test_reference_build_skips_standard_layers_initialisation_only_while_it_runs() -> None:
+    """Standard torch layers skip initialising their meta parameters during the build and get
+    their own `reset_parameters` back afterwards; a subclass's own initialisation runs; the
+    object a constructor registered is the one on meta, with attributes set on it later."""
+    from reference.modules import build_on_meta
+
+    _RecordingLinear.calls.clear()
+    module = build_on_meta(_LayersAndLateAttributes, component="vae")
+    assert _RecordingLinear.calls == ["reset"]
+    for layer in (module.plain, module.norm, module.recording):
+        assert "reset_parameters" not in vars(layer)
+    assert module.plain.reset_parameters.__func__ is nn.Linear.reset_parameters
+    assert module.late is module.kept
+    assert module.late.is_meta
+    assert module.late.weight_loader is print
+    assert all(t.is_meta for t in module.state_dict().values())
+    real = nn.Linear(4, 4)  # outside the build, layers initialise as usual
+    assert "reset_parameters" not in vars(real)
+    assert bool(real.weight.abs().sum() > 0)
 
 
 # --- VAE-10: requires_grad -----------------------------------------------------------------------
