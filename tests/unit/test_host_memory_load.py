@@ -10,6 +10,7 @@ preflight, before any tensor is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,26 @@ def test_a_streamed_vae_beyond_the_host_is_refused_before_any_read(tmp_path: Pat
     assert "--component-direct-gpu-weight-loading.vae" in message
     _, report = load_vae(CorpusVAE, path, device=CPU, host_bytes=168)
     assert report.streamed.bytes == 168
+
+
+GIB = 1 << 30
+FACTORIES: dict[str, Callable[[int], torch.Tensor]] = {
+    "eye": torch.eye,
+    "eye-rectangular": lambda n: torch.eye(n, n),
+    "arange": lambda n: torch.arange(n * n),
+    "full": lambda n: torch.full((n, n), 1.0),
+    "zeros": lambda n: torch.zeros(n, n),
+}
+
+
+@pytest.mark.parametrize("factory", FACTORIES.values(), ids=FACTORIES.keys())
+def test_the_construction_guard_refuses_a_factory_call_beyond_its_budget_before_it_allocates(
+    factory: Callable[[int], torch.Tensor],
+) -> None:
+    from reference.host_memory import allocation_guard
+
+    with allocation_guard("transformer", budget=GIB):
+        assert factory(16).numel() == 256  # n x n elements, well within the budget
+        assert torch.empty(1 << 40, device="meta").is_meta  # meta allocates nothing
+        with pytest.raises(HostMemoryError, match=r"^transformer: constructing the model"):
+            factory(1 << 18)  # 2**36 elements: 256 GiB or more, refused before allocating

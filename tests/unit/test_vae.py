@@ -9,6 +9,7 @@ reference's own wording, error classes and reasons are pinned only in `reference
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -980,6 +981,42 @@ def test_reference_build_skips_standard_layers_initialisation_only_while_it_runs
     real = nn.Linear(4, 4)  # outside the build, layers initialise as usual
     assert "reset_parameters" not in vars(real)
     assert bool(real.weight.abs().sum() > 0)
+
+
+class _TensorsHeldElsewhere(nn.Module):
+    """Registered tensors that something besides their Python object holds: an autograd graph,
+    inference mode, a weak reference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        graphed = nn.Parameter(torch.ones(2, 2))
+        self.graph = (graphed * graphed).sum()  # the graph keeps the parameter's data too
+        self.graphed = graphed
+        with torch.inference_mode():
+            inferred = torch.zeros(3)
+            referenced = torch.zeros(3)
+        self.register_buffer("inferred", inferred)
+        self.weak = weakref.ref(referenced)
+        self.register_buffer("referenced", referenced)
+        self.originals = (graphed, inferred, referenced)
+
+
+@pytest.mark.rule("VAE-1")
+@pytest.mark.reference_only("the reference's own meta build")
+def test_reference_build_sends_tensors_held_elsewhere_to_meta_too() -> None:
+    """A registered tensor some other holder references still ends on meta: in place where torch
+    can swap it (the registering object is the module's), else as a meta copy of its class."""
+    from reference.modules import build_on_meta
+
+    module = build_on_meta(_TensorsHeldElsewhere, component="vae")
+    graphed, inferred, referenced = module.originals
+    assert all(t.is_meta for t in module.state_dict().values())
+    assert module.inferred is inferred  # swapped in place
+    # Held by an autograd graph, or weakly referenced and inference-only: a meta copy.
+    assert module.graphed is not graphed
+    assert type(module.graphed) is nn.Parameter
+    assert module.referenced is not referenced
+    assert module.referenced.shape == referenced.shape
 
 
 # --- VAE-10: requires_grad -----------------------------------------------------------------------
