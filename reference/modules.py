@@ -13,7 +13,6 @@ same questions, so neither imports the other:
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -177,7 +176,7 @@ def find_slots(module: nn.Module) -> Slots:
     return Slots(slots, aliases)
 
 
-def _initialised(module: nn.Module) -> None:
+def _initialised() -> None:
     """A standard layer's `reset_parameters` during a meta build (see `_Build.quiet`)."""
 
 
@@ -218,7 +217,7 @@ class _Build:
         the class, so a layer built at the same moment in another thread initialises as usual.
         """
         if "reset_parameters" not in module.__dict__:
-            module.__dict__["reset_parameters"] = functools.partial(_initialised, module)
+            module.__dict__["reset_parameters"] = _initialised  # an instance's: not bound
             self._quieted.append(module)
 
     def restore(self) -> None:
