@@ -151,7 +151,7 @@ def _request(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     *,
-    default_cpu: bool = True,
+    default_cpu: bool,
 ) -> int:
     """Bytes a factory call would allocate on the CPU (0 for anything else); `default_cpu`:
     a call that names no device allocates on the CPU."""
