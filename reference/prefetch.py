@@ -72,6 +72,41 @@ def _libc_madvise() -> Madvise | None:
 _MADVISE = _libc_madvise()
 
 
+def _libc_mincore() -> Callable[[int, int, object], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    mincore.restype = ctypes.c_int
+    return mincore
+
+
+_MINCORE = _libc_mincore()
+
+
+# One page in every MiB: a tensor's residency is judged by those pages of its range, since
+# `mincore` over every page costs about 20 ns a page (5 ms a GiB, measured here).
+SAMPLE_BYTES = 1 << 20
+
+
+def cached_samples(mapped: torch.Tensor) -> bytes | None:
+    """For a uint8 tensor over a whole file map: one byte per `SAMPLE_BYTES` of the file, 1
+    where the first page of that MiB is in the page cache now, else 0 (`mincore`, which
+    touches no page). None where that cannot be told (not Linux, or `mincore` failed)."""
+    if _MINCORE is None:
+        return None
+    base, vector = mapped.data_ptr(), (ctypes.c_ubyte * 1)()
+    samples = bytearray()
+    for offset in range(0, mapped.numel(), SAMPLE_BYTES):
+        if _MINCORE(base + offset, 1, vector) != 0:
+            return None
+        samples.append(vector[0] & 1)  # the other bits are reserved
+    return bytes(samples)
+
+
 def prefetch_supported() -> bool:
     """Whether this system can prefetch a map at all (Linux with a `madvise`)."""
     return _MADVISE is not None

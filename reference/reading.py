@@ -70,17 +70,23 @@ class ReadOptions:
         prefetch: for loads that read from the file's map (zero-copy), populate each file's
             map in the background as soon as it is mapped, with `workers` threads; the load
             returns without waiting. No effect on loads that read through the pool.
+        map_when_cached: for loads through the pool, copy a tensor whose pages are already in
+            the page cache from the file's map instead of reading it with `preadv` (judged when
+            the reader is made, by one page in every MiB of the tensor's range, with
+            `mincore`; never where that cannot be told). False reads every tensor the load
+            selects through the pool, warm or cold.
 
     Raises:
         ArgumentError: naming the field: a count that is not an int (bools refused), `workers`
-            below 0, `max_tensors` or `max_bytes` below 1, `prefetch` not a bool, or `prefetch`
-            with `workers=0`.
+            below 0, `max_tensors` or `max_bytes` below 1, `prefetch` or `map_when_cached` not a
+            bool, or `prefetch` with `workers=0`.
     """
 
     workers: int = field(default_factory=default_workers)
     max_tensors: int = DEFAULT_MAX_TENSORS
     max_bytes: int = DEFAULT_MAX_BYTES
     prefetch: bool = False
+    map_when_cached: bool = True
 
     def __post_init__(self) -> None:
         for name, least in (("workers", 0), ("max_tensors", 1), ("max_bytes", 1)):
@@ -89,8 +95,10 @@ class ReadOptions:
                 raise ArgumentError(f"ReadOptions.{name} must be an int, not {value!r}")
             if value < least:
                 raise ArgumentError(f"ReadOptions.{name} must be at least {least}, not {value}")
-        if not isinstance(self.prefetch, bool):
-            raise ArgumentError(f"ReadOptions.prefetch must be a bool, not {self.prefetch!r}")
+        for flag in ("prefetch", "map_when_cached"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ArgumentError(f"ReadOptions.{flag} must be a bool, not {value!r}")
         if self.prefetch and self.workers == 0:
             raise ArgumentError(
                 "ReadOptions.prefetch needs threads to populate the map in the background;"

@@ -40,7 +40,9 @@ pytestmark = pytest.mark.internal
 
 CPU = torch.device("cpu")
 OFFLOAD = WeightLoadPlan(checkpoint_load_device=CPU)
-SMALL = ReadOptions(workers=3, max_tensors=2, max_bytes=64)
+# The pool's own mechanics: every selected tensor through the pool, although a file just
+# written is in the page cache.
+SMALL = ReadOptions(workers=3, max_tensors=2, max_bytes=64, map_when_cached=False)
 
 
 def reader_threads() -> set[threading.Thread]:
@@ -111,6 +113,8 @@ def test_read_options_are_keyword_only_frozen_and_defaulted() -> None:
         ({"max_bytes": None}, "max_bytes"),
         ({"prefetch": 1}, "prefetch"),
         ({"prefetch": True, "workers": 0}, "prefetch"),
+        ({"map_when_cached": 1}, "map_when_cached"),
+        ({"map_when_cached": None}, "map_when_cached"),
     ],
 )
 def test_invalid_read_options_are_refused_naming_the_field(
@@ -188,7 +192,9 @@ def test_at_most_k_tensors_and_b_bytes_are_in_flight(
     state = {f"t{n:02d}": torch.full((n % 5 + 1, 16), float(n)) for n in range(24)}
     state["big"] = torch.ones(1024)  # 4 KiB, larger than every max_bytes here but one
     path = write_checkpoint(state, tmp_path)
-    options = ReadOptions(workers=2, max_tensors=max_tensors, max_bytes=max_bytes)
+    options = ReadOptions(
+        workers=2, max_tensors=max_tensors, max_bytes=max_bytes, map_when_cached=False
+    )
     reader = CountingReader(open_checkpoint(path), options)
     try:
         read = every_tensor(reader)
@@ -233,6 +239,85 @@ def test_tensors_not_pooled_are_views_of_the_map(tmp_path: Path) -> None:
         assert all(same(read[n], state[n]) for n in state)
     finally:
         reader.close()
+
+
+# --- warm tensors from the map, cold ones through the pool ------------------------------------
+
+MIB = 1 << 20
+
+
+def three_mib_tensors(tmp_path: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    torch.manual_seed(4)
+    state = {f"w{n}": torch.randn(3 * MIB // 4) for n in range(3)}  # 3 MiB each
+    return state, write_checkpoint(state, tmp_path)
+
+
+def cold_or_skip(path: Path) -> None:
+    """Drop the file's pages, or skip where this file system keeps them (tmpfs)."""
+    from reference.bench.cache import cached_fraction, cannot_drop
+
+    reason = cannot_drop()
+    if reason is not None:
+        pytest.skip(reason)
+    drop([path])
+    if cached_fraction([path]) > 0:
+        pytest.skip(f"the page cache keeps {path}'s pages after POSIX_FADV_DONTNEED (tmpfs?)")
+
+
+def read_and_close(reader: PooledReader) -> dict[str, torch.Tensor]:
+    try:
+        return every_tensor(reader)
+    finally:
+        reader.close()
+
+
+def test_a_cached_file_is_copied_from_its_map_by_default(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    if maps_missing() is not None or not prefetch_supported():
+        pytest.skip("telling what is cached needs Linux's mincore")
+    state, path = three_mib_tensors(tmp_path)
+    path.read_bytes()  # every page cached
+    reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2))
+    read = read_and_close(reader)
+    assert reader.fresh_names == frozenset()
+    assert all(file_position(read[n]) is not None for n in state)  # views of the map
+    assert all(same(read[n], state[n]) for n in state)
+
+
+def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    if maps_missing() is not None or not prefetch_supported():
+        pytest.skip("telling what is cached needs Linux's mincore")
+    state, path = three_mib_tensors(tmp_path)
+    checkpoint = open_checkpoint(path)
+    cold_or_skip(path)
+    warm = checkpoint.tensors["w1"]
+    with path.open("rb") as f:  # only w1's pages back in the cache
+        f.seek(warm.start)
+        f.read(warm.nbytes)
+    reader = PooledReader(checkpoint, ReadOptions(workers=2))
+    read = read_and_close(reader)
+    assert reader.fresh_names == {"w0", "w2"}
+    assert file_position(read["w1"]) is not None
+    assert file_position(read["w0"]) is None
+    assert file_position(read["w2"]) is None
+    assert all(same(read[n], state[n]) for n in state)
+
+
+def test_map_when_cached_false_reads_a_cached_file_through_the_pool(
+    tmp_path: Path, no_thread_left: None
+) -> None:
+    state, path = three_mib_tensors(tmp_path)
+    path.read_bytes()
+    options = ReadOptions(workers=2, map_when_cached=False)
+    reader = PooledReader(open_checkpoint(path), options)
+    read = read_and_close(reader)
+    assert reader.fresh_names == frozenset(state)
+    assert all(same(read[n], state[n]) for n in state)
+    if maps_missing() is None:
+        assert all(file_position(read[n]) is None for n in state)
 
 
 # --- errors reach the caller's thread; no thread is left --------------------------------------
@@ -473,7 +558,7 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
     path, _ = write_bench_checkpoints(tmp_path, shapes)
     opened = open_checkpoint(path)
     module = build_dit(shapes.dit, CPU, component="transformer")
-    options = ReadOptions(workers=2)
+    options = ReadOptions(workers=2, map_when_cached=False)
     reader = dit_reader(
         opened, module, reading=options, copies_every_tensor=True, device=CPU, kinds=LINEAR_KINDS
     )
