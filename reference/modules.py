@@ -44,6 +44,7 @@ __all__ = [
     "rebuild_non_persistent_buffers",
     "refuse_unrebuildable_buffers",
     "state_entries",
+    "submodules",
     "walk",
 ]
 
@@ -77,6 +78,26 @@ class Entry:
     persistent: bool
 
 
+def submodules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """`module.named_modules(remove_duplicate=False)`: every submodule under every path, the
+    module itself first, in registration order (pre-order).
+
+    One loop over a stack instead of torch's generator per level: a load walks its module
+    several times, and each name of a deep module passed through one generator per level
+    (measured on a 231-tensor Wan DiT: the seven walks of a zero-copy load took 1.3 ms of its
+    25 ms that way).
+    """
+    stack = [("", module)]
+    while stack:
+        path, sub = stack.pop()
+        yield path, sub
+        prefix = f"{path}." if path else ""
+        children = [
+            (prefix + name, child) for name, child in sub._modules.items() if child is not None
+        ]
+        stack.extend(reversed(children))
+
+
 def walk(module: nn.Module, *, persistent: bool | None = None) -> Iterator[Entry]:
     """Every parameter and buffer of `module` under every name it has, in registration order;
     only the persistent ones (parameters and persistent buffers) or only the non-persistent
@@ -85,7 +106,7 @@ def walk(module: nn.Module, *, persistent: bool | None = None) -> Iterator[Entry
     Nothing is deduplicated: a submodule registered under two paths contributes its entries
     once per path, and a tensor registered under two names appears under each.
     """
-    for path, sub in module.named_modules(remove_duplicate=False):
+    for path, sub in submodules(module):
         prefix = f"{path}." if path else ""
         if persistent is not False:
             for attr, param in sub._parameters.items():

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from reference.errors import StateDictABIError
-from reference.modules import Entry, Slot, state_entries
+from reference.modules import Entry, Slot, state_entries, submodules
 
 __all__ = [
     "ABI_FUNCTIONS",
@@ -84,7 +84,7 @@ def check_state_dict_abi(
     Raises:
         StateDictABIError: naming the submodule, the function or hook, and where it comes from.
     """
-    for path, sub in module.named_modules(remove_duplicate=False):
+    for path, sub in submodules(module):
         for name in functions:
             if name in vars(sub):
                 raise StateDictABIError(
@@ -149,7 +149,7 @@ def refuse_tied(module: nn.Module, entries: Sequence[Entry], *, component: str) 
     if not tied:
         return
     paths_by_module: dict[int, list[str]] = defaultdict(list)
-    for path, sub in module.named_modules(remove_duplicate=False):
+    for path, sub in submodules(module):
         paths_by_module[id(sub)].append(path)
     shared = [" and ".join(p) for p in paths_by_module.values() if len(p) > 1]
     groups = "; ".join(" = ".join(names) for names in tied)

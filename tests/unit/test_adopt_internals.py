@@ -23,7 +23,7 @@ from reference.adopt import (
     zero_copy_verdict,
 )
 from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
-from reference.modules import find_slots
+from reference.modules import find_slots, submodules
 
 pytestmark = pytest.mark.reference_only("calls reference.adopt's internals directly")
 
@@ -110,6 +110,26 @@ def test_find_slots_keeps_every_place_and_alias() -> None:
     assert slots["w1"].places == ((module, "w1"), (module, "w2"))
     assert slots["inner.weight"].places == ((module.inner, "weight"),)
     assert aliases == {"w2": "w1", "again.weight": "inner.weight", "again.bias": "inner.bias"}
+
+
+class _Empty(nn.Module):
+    """A module that is falsy (`len` 0), as an empty ModuleList is."""
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_submodules_lists_what_named_modules_lists_without_removing_duplicates() -> None:
+    shared = nn.Linear(1, 1)
+    module = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Sequential(shared)))
+    module.add_module("empty", _Empty())
+    module.add_module("blocks", nn.ModuleList())
+    module.add_module("tied", shared)
+    module.add_module("none", None)
+    expected = list(module.named_modules(remove_duplicate=False))
+    got = list(submodules(module))
+    assert [path for path, _ in got] == [path for path, _ in expected]
+    assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
 
 
 @pytest.mark.rule("ZC-10")
