@@ -65,6 +65,7 @@ __all__ = [
     "DEFAULT_REPS",
     "DEFAULT_SIZE_MIB",
     "MIB",
+    "PRESSURE_COUNTERS",
     "WARMUP_MIB",
     "Runner",
     "ServerRunner",
@@ -75,6 +76,7 @@ __all__ = [
     "measure_size",
     "median_figures",
     "parse_sizes",
+    "pressure_counters",
     "run_bench",
     "tensors_in_flight",
     "unavailable",
@@ -250,6 +252,24 @@ def measure_size(
     return size
 
 
+# The kernel's counters of memory-pressure work (Linux's /proc/vmstat): a cold read that needs
+# free pages and finds memory fragmented stalls in compaction or reclaim, and its CPU time
+# grows with it. Measured here after hours of runs had filled and fragmented memory: cold reads
+# of 512 MiB took 0.6-1.1 s of CPU instead of about 0.3 s; after the page cache was dropped
+# and memory compacted, no stall and 0.3 s again.
+PRESSURE_COUNTERS = ("compact_stall", "allocstall_normal", "allocstall_movable")
+
+
+def pressure_counters(path: Path = Path("/proc/vmstat")) -> dict[str, int]:
+    """The counters of `PRESSURE_COUNTERS` this kernel has, now ({} where there is none)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    fields = dict(line.split(maxsplit=1) for line in lines if " " in line)
+    return {name: int(fields[name]) for name in PRESSURE_COUNTERS if name in fields}
+
+
 def machine(platform: Platform, threads: int | None) -> dict[str, Any]:
     import torch
 
@@ -259,6 +279,7 @@ def machine(platform: Platform, threads: int | None) -> dict[str, Any]:
         "torch_threads": threads or torch.get_num_threads(),
         "kernel": os.uname().release,
         "load_average": list(os.getloadavg()),
+        "pressure_before": pressure_counters(),
     }
 
 
@@ -313,6 +334,7 @@ def run_bench(
         if server is not None:
             server.close()
     document["machine"]["load_average_after"] = list(os.getloadavg())
+    document["machine"]["pressure_after"] = pressure_counters()
     document["sizes"] = results
     document["ratios"] = results[-1]["ratios"]
     return document

@@ -20,6 +20,7 @@ __all__ = [
     "PLOTS",
     "format_document",
     "format_growth",
+    "format_pressure",
     "format_ratios",
     "format_size",
     "plot_available",
@@ -154,6 +155,16 @@ def format_growth(sizes: list[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_pressure(machine: Mapping[str, Any]) -> str:
+    """The memory-pressure stalls during the run (/proc/vmstat deltas), or "" where unknown."""
+    before, after = machine.get("pressure_before") or {}, machine.get("pressure_after") or {}
+    deltas = {name: after[name] - before[name] for name in before if name in after}
+    if not deltas:
+        return ""
+    listed = ", ".join(f"{name} {delta}" for name, delta in deltas.items())
+    return f"; memory pressure during the run (/proc/vmstat): {listed}"
+
+
 def format_document(document: Mapping[str, Any]) -> str:
     """Everything the command prints: machine, a table per size, growth, ratios."""
     reps = document["repetitions"]
@@ -166,7 +177,7 @@ def format_document(document: Mapping[str, Any]) -> str:
     parts += [format_size(size, reps) for size in document["sizes"]]
     parts.append(
         f"load average (1 min) {machine['load_average'][0]:.2f} before,"
-        f" {machine['load_average_after'][0]:.2f} after"
+        f" {machine['load_average_after'][0]:.2f} after" + format_pressure(machine)
     )
     paths = document["sizes"][0]["paths"]
     parts.append(

@@ -29,12 +29,13 @@ from reference.bench.command import (
     best_read,
     measure_size,
     parse_sizes,
+    pressure_counters,
     tensors_in_flight,
     unavailable,
     write_folder,
 )
 from reference.bench.ratios import RATIOS, compute_ratios
-from reference.bench.report import format_document, plot_available, write_plot
+from reference.bench.report import format_document, format_pressure, plot_available, write_plot
 from reference.checkpoint import TensorReader, open_checkpoint
 from reference.dit import load_dit
 from reference.kit.fakes.bench import BenchDiT, BenchShapes
@@ -588,6 +589,25 @@ def test_bench_command_writes_the_json_and_prints_the_table(
     machine = document["machine"]
     assert {"load_average", "load_average_after"} <= set(machine)
     assert f"{machine['load_average_after'][0]:.2f} after" in printed
+    if Path("/proc/vmstat").exists():
+        assert set(machine["pressure_before"]) == set(machine["pressure_after"])
+        assert "memory pressure during the run (/proc/vmstat): compact_stall " in printed
+
+
+def test_pressure_counters_are_read_off_vmstat_and_printed_as_deltas(tmp_path: Path) -> None:
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 10\ncompact_stall 5\nallocstall_movable 7\n")
+    before = pressure_counters(vmstat)
+    assert before == {"compact_stall": 5, "allocstall_movable": 7}  # only the kernel's own
+    assert pressure_counters(tmp_path / "missing") == {}
+    after = {"compact_stall": 9, "allocstall_movable": 7}
+    text = format_pressure({"pressure_before": before, "pressure_after": after})
+    assert (
+        text
+        == "; memory pressure during the run (/proc/vmstat): compact_stall 4, allocstall_movable 0"
+    )
+    assert format_pressure({"pressure_before": {}, "pressure_after": {}}) == ""
+    assert format_pressure({}) == ""
 
 
 def test_bench_command_with_cache_warm_runs_only_warm(
