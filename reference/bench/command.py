@@ -254,7 +254,7 @@ def measure_size(
 
 # The kernel's counters of memory-pressure work (Linux's /proc/vmstat): a cold read that needs
 # free pages and finds memory fragmented stalls in compaction or reclaim, and its CPU time
-# grows with it. Measured here after hours of runs had filled and fragmented memory: cold reads
+# grows with it. Measured here after an hour of runs had filled and fragmented memory: cold reads
 # of 512 MiB took 0.6-1.1 s of CPU instead of about 0.3 s; after the page cache was dropped
 # and memory compacted, no stall and 0.3 s again.
 PRESSURE_COUNTERS = ("compact_stall", "allocstall_normal", "allocstall_movable")
