@@ -119,6 +119,7 @@ class _Empty(nn.Module):
         return 0
 
 
+@pytest.mark.internal
 def test_submodules_lists_what_named_modules_lists_without_removing_duplicates() -> None:
     shared = nn.Linear(1, 1)
     module = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Sequential(shared)))
