@@ -87,8 +87,8 @@ def _libc_mincore() -> Callable[[int, int, object], int] | None:
 _MINCORE = _libc_mincore()
 
 
-# One page in every MiB: a tensor's residency is judged by those pages of its range, since
-# `mincore` over every page costs about 20 ns a page (5 ms a GiB, measured here).
+# One page in every MiB: a tensor's residency is judged by the samples of the MiBs its bytes
+# touch, since `mincore` over every page costs about 20 ns a page (5 ms a GiB, measured here).
 SAMPLE_BYTES = 1 << 20
 
 

@@ -78,9 +78,9 @@ class ReadOptions:
             returns without waiting. No effect on loads that read through the pool.
         map_when_cached: for loads through the pool, copy a tensor whose pages are already in
             the page cache from the file's map instead of reading it with `preadv` (judged when
-            the reader is made, by one page in every MiB of the tensor's range, with
-            `mincore`; never where that cannot be told). False reads every tensor the load
-            selects through the pool, warm or cold.
+            the reader is made, with `mincore`, by the first page of every MiB of the file that
+            the tensor's bytes touch; never where that cannot be told). False reads every
+            tensor the load selects through the pool, warm or cold.
 
     Raises:
         ArgumentError: naming the field: a count that is not an int (bools refused), `workers`

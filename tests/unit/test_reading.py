@@ -294,7 +294,8 @@ def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
     checkpoint = open_checkpoint(path)
     cold_or_skip(path)
     warm = checkpoint.tensors["w1"]
-    with path.open("rb") as f:  # only w1's pages back in the cache
+    with path.open("rb") as f:  # only w1's pages back in the cache: no read-ahead
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         f.seek(warm.start)
         f.read(warm.nbytes)
     reader = PooledReader(checkpoint, ReadOptions(workers=2))
