@@ -33,6 +33,7 @@ import mmap
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 
@@ -41,9 +42,12 @@ __all__ = [
     "MADV_WILLNEED",
     "PREFETCH_THREAD_NAME",
     "RANGE_BYTES",
+    "SAMPLE_BYTES",
     "Prefetch",
+    "cached_samples",
     "populate",
     "prefetch_supported",
+    "residency_supported",
     "start_prefetch",
 ]
 
@@ -56,35 +60,23 @@ PREFETCH_THREAD_NAME = "checkpoint-prefetch"
 Madvise = Callable[[int, int, int], int]
 
 
-def _libc_madvise() -> Madvise | None:
+def _libc_function(name: str, argtypes: list[type]) -> Callable[..., int] | None:
+    """The C library's `name` returning an int, with `argtypes`; None off Linux or without it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return cast(Callable[..., int], function)
 
 
-_MADVISE = _libc_madvise()
-
-
-def _libc_mincore() -> Callable[[int, int, object], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        mincore = ctypes.CDLL(None, use_errno=True).mincore
-    except (OSError, AttributeError):
-        return None
-    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    mincore.restype = ctypes.c_int
-    return mincore
-
-
-_MINCORE = _libc_mincore()
+_MADVISE: Madvise | None = _libc_function(
+    "madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+)
+_MINCORE = _libc_function("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
 
 
 # One page in every MiB: a tensor's residency is judged by the samples of the MiBs its bytes
@@ -105,6 +97,11 @@ def cached_samples(mapped: torch.Tensor) -> bytes | None:
             return None
         samples.append(vector[0] & 1)  # the other bits are reserved
     return bytes(samples)
+
+
+def residency_supported() -> bool:
+    """Whether this system can tell which pages of a map are cached (`cached_samples`)."""
+    return _MINCORE is not None
 
 
 def prefetch_supported() -> bool:

@@ -32,7 +32,7 @@ from reference.kit.fakes.vae import StandardVAE
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
 from reference.plan import WeightLoadPlan
 from reference.pool import READER_THREAD_NAME, PooledReader
-from reference.prefetch import PREFETCH_THREAD_NAME, prefetch_supported
+from reference.prefetch import PREFETCH_THREAD_NAME, prefetch_supported, residency_supported
 from reference.reading import ReadOptions, pool_options
 from reference.vae import load_vae
 
@@ -271,11 +271,18 @@ def read_and_close(reader: PooledReader) -> dict[str, torch.Tensor]:
         reader.close()
 
 
-def test_a_cached_file_is_copied_from_its_map_by_default(
-    tmp_path: Path, no_thread_left: None
-) -> None:
-    if maps_missing() is not None or not prefetch_supported():
+@pytest.fixture
+def residency() -> None:
+    """Skip where the pool cannot tell cached pages (`mincore`) or a map's views (/proc)."""
+    if not residency_supported():
         pytest.skip("telling what is cached needs Linux's mincore")
+    if maps_missing() is not None:
+        pytest.skip(maps_missing())
+
+
+def test_a_cached_file_is_copied_from_its_map_by_default(
+    tmp_path: Path, no_thread_left: None, residency: None
+) -> None:
     state, path = three_mib_tensors(tmp_path)
     path.read_bytes()  # every page cached
     reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2))
@@ -286,10 +293,8 @@ def test_a_cached_file_is_copied_from_its_map_by_default(
 
 
 def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
-    tmp_path: Path, no_thread_left: None
+    tmp_path: Path, no_thread_left: None, residency: None
 ) -> None:
-    if maps_missing() is not None or not prefetch_supported():
-        pytest.skip("telling what is cached needs Linux's mincore")
     state, path = three_mib_tensors(tmp_path)
     checkpoint = open_checkpoint(path)
     cold_or_skip(path)
