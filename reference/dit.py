@@ -150,7 +150,7 @@ def dit_reader(
         )
 
     try:
-        return PooledReader(checkpoint, pool, pooled=kept)
+        return PooledReader(checkpoint, pool, pooled=kept, buffers_kept=True)
     finally:
         probe.close()
 

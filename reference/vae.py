@@ -143,7 +143,7 @@ def vae_reader(
         slot = slots.get(info.name)
         return slot is not None and slot.dtype == info.dtype and slot.shape == info.shape
 
-    return PooledReader(checkpoint, pool, pooled=kept, streaming=True)
+    return PooledReader(checkpoint, pool, pooled=kept, streaming=True, buffers_kept=True)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ threads are left and which errors are raised where.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 import threading
@@ -141,13 +142,14 @@ def test_a_pooled_reader_needs_a_worker(tmp_path: Path) -> None:
 # --- the pool: values, freshness, the in-flight bound ---------------------------------------
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["window", "shares"])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_pooled_values_equal_the_file_each_in_a_fresh_buffer(
-    tmp_path: Path, small_chunks: None, no_thread_left: None, shards: int
+    tmp_path: Path, small_chunks: None, no_thread_left: None, shards: int, kept: bool
 ) -> None:
     state = mixed_state()
     path = write_checkpoint(state, tmp_path, shards=shards)
-    reader = PooledReader(open_checkpoint(path), SMALL)
+    reader = PooledReader(open_checkpoint(path), SMALL, buffers_kept=kept)
     try:
         read = every_tensor(reader)
     finally:
@@ -209,12 +211,75 @@ def test_at_most_k_tensors_and_b_bytes_are_in_flight(
         assert max(t for t, _ in reader.windows) == max_tensors  # the window was used
 
 
-def test_names_read_out_of_order_or_twice_are_still_right(
+def test_with_buffers_kept_each_worker_reads_one_contiguous_share_in_file_order(
+    tmp_path: Path, small_chunks: None, no_thread_left: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tensor is scheduled by the first read, beyond the window's K and B, and the file's
+    bytes are read as at most `workers` runs, each by one thread in increasing order."""
+    state = {f"t{n:02d}": torch.full((n % 5 + 1, 16), float(n)) for n in range(24)}
+    path = write_checkpoint(state, tmp_path)
+    checkpoint = open_checkpoint(path)
+    reads: list[tuple[str, int, int]] = []  # (thread, first byte in the file, length)
+    lock = threading.Lock()
+    real = pool_mod.read_range
+
+    def recorded(fd: int, buffer: torch.Tensor, start: int, length: int, info: TensorInfo) -> None:
+        with lock:
+            reads.append((threading.current_thread().name, info.start + start, length))
+        real(fd, buffer, start, length, info)
+
+    monkeypatch.setattr(pool_mod, "read_range", recorded)
+    options = ReadOptions(workers=3, max_tensors=2, max_bytes=64, map_when_cached=False)
+    reader = PooledReader(checkpoint, options, buffers_kept=True)
+    try:
+        names = list(reader)
+        first = reader.read(names[0], device=CPU)
+        assert len(reader._in_flight) == len(state) - 1  # the rest, all in flight at once
+        read = {names[0]: first} | {name: reader.read(name, device=CPU) for name in names[1:]}
+    finally:
+        reader.close()
+    assert all(same(read[name], tensor) for name, tensor in state.items())
+    assert all(thread.startswith(READER_THREAD_NAME) for thread, _, _ in reads)
+    runs: dict[str, list[tuple[int, int]]] = {}
+    for thread, start, length in reads:
+        runs.setdefault(thread, []).append((start, length))
+    spans: list[list[int]] = []  # [start, end) of each run of consecutive chunks on a thread
+    for pieces in runs.values():  # a thread that finished its share may read another one
+        own: list[list[int]] = []
+        for start, length in pieces:
+            if own and own[-1][1] == start:
+                own[-1][1] = start + length
+            else:
+                own.append([start, start + length])
+        spans += own
+    assert len(spans) <= options.workers
+    spans.sort()
+    first_byte = min(info.start for info in checkpoint.tensors.values())
+    last_byte = max(info.end for info in checkpoint.tensors.values())
+    assert spans[0][0] == first_byte
+    assert spans[-1][1] == last_byte
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # the runs tile the bytes
+
+
+def test_closing_a_reader_mid_shares_stops_and_joins_its_threads(
     tmp_path: Path, small_chunks: None, no_thread_left: None
+) -> None:
+    state = {f"t{n:02d}": torch.full((64,), float(n)) for n in range(32)}
+    path = write_checkpoint(state, tmp_path)
+    reader = PooledReader(open_checkpoint(path), SMALL, buffers_kept=True)
+    first = next(iter(reader))
+    assert same(reader.read(first, device=CPU), state[first])
+    reader.close()  # the other shares may be mid-read: they stop at their next chunk
+    assert not reader._in_flight
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["window", "shares"])
+def test_names_read_out_of_order_or_twice_are_still_right(
+    tmp_path: Path, small_chunks: None, no_thread_left: None, kept: bool
 ) -> None:
     state = mixed_state()
     path = write_checkpoint(state, tmp_path)
-    reader = PooledReader(open_checkpoint(path), SMALL)
+    reader = PooledReader(open_checkpoint(path), SMALL, buffers_kept=kept)
     try:
         names = list(reader)
         for name in [*reversed(names), *names]:
@@ -340,16 +405,19 @@ class TruncatesAfterCheck(PooledReader):
         return fd
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["window", "shares"])
 def test_a_file_truncated_after_its_check_fails_on_the_callers_thread(
-    tmp_path: Path, small_chunks: None
+    tmp_path: Path, small_chunks: None, kept: bool
 ) -> None:
     state = {"a": torch.randn(64), "b": torch.randn(64)}
     path = write_checkpoint(state, tmp_path)
     before = threading.enumerate()
-    reader = TruncatesAfterCheck(open_checkpoint(path), SMALL)
+    reader = TruncatesAfterCheck(open_checkpoint(path), SMALL, buffers_kept=kept)
     with pytest.raises(CheckpointError) as caught:
         every_tensor(reader)
-    assert (caught.value.file, caught.value.entry) == (str(path), "a")
+    # In shares both tensors are read at once: the first to fail is named, either one.
+    assert caught.value.file == str(path)
+    assert caught.value.entry in ({"a", "b"} if kept else {"a"})
     assert "truncated" in caught.value.problem
     assert set(threading.enumerate()) <= set(before), "a reader thread was left behind"
     with pytest.raises(CheckpointError):  # a failed reader stays failed
