@@ -119,7 +119,7 @@ def dit_reader(
 
     A load that copies every tensor (adoption off, or direct mode: every tensor goes to the
     device, where it is adopted) reads through the pool where `reference.reading.pool_options`
-    says so (given options; not by default). On a CPU load
+    says so (by default the copy path onto the CPU; given options, both). On a CPU load
     device the pool reads the tensors whose buffers become the loaded tensors as they are
     (`reference.adopt.keeps_read_tensor`, or the zero-copy verdict: a standard layer's loader
     at TP=1 copies the tensor unchanged); the others (a layer's `weight_loader` fills them, or
@@ -127,7 +127,7 @@ def dit_reader(
     that may adopt CPU tensors needs views of the file's map (`TensorReader`), populated in the
     background when `reading.prefetch`.
     """
-    pool = pool_options(reading, device=device) if copies_every_tensor else None
+    pool = pool_options(reading, device=device, load="dit") if copies_every_tensor else None
     if pool is None:
         return TensorReader(checkpoint, prefetch=prefetch_workers(reading))
     if device.type != "cpu":
@@ -209,11 +209,12 @@ def load_dit(
         component: the component's name, for messages and the report.
         adopt: False copies every tensor, eligible or not (the benchmark's copy path).
         reading: how the files are read (`reference.reading.ReadOptions`); None is the default:
-            every load reads views of the file's map, as before the pool existed, without
-            prefetch. Given options (`workers` of 1 or more) send the loads that copy every
-            tensor (adopt=False, direct mode) through the bounded reader pool, whose buffers
-            become the copied tensors where no conversion is involved and the layer has no
-            `weight_loader` or a standard one at TP=1 (see `dit_reader`);
+            the copy path onto the CPU (adopt=False) reads through the reader pool with
+            `ReadOptions()`, every other load reads views of the file's map, without prefetch.
+            Given options (`workers` of 1 or more) send the loads that copy every tensor
+            (adopt=False, direct mode) through the pool, whose buffers become the copied
+            tensors where no conversion is involved and the layer has no `weight_loader` or a
+            standard one at TP=1 (see `dit_reader`); `workers=0` reads every load from the map;
             `prefetch` populates a zero-copy load's maps in the background (the load does not
             wait for it).
         steps: the steps of the load (see `DiTSteps`); the reference's by default.

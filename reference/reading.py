@@ -7,12 +7,13 @@ CPU buffers, several at a time, so a cold file is read at the rate of several st
 one. A load that may adopt tensors (zero-copy, ZC-*) needs views of the file's map instead; there
 `prefetch` populates the map in the background (`reference.prefetch`).
 
-Which loads use the pool by default: none. `reading=None` keeps every load as it was (the map
-readers), and `ReadOptions` with `workers` of 1 or more opts a copying load into the pool. The
-rule: a copying load uses the pool by default if it is faster cold and no slower warm. On the
-2-core machine this was measured on (shared, so run-to-run spread was 2-4x), it did not hold
-at first: for a 2 GiB bf16 checkpoint, medians of three fresh processes, load plus one read of
-every byte, pages dropped with `posix_fadvise(DONTNEED)` for cold:
+Which loads use the pool by default: the DiT copy path onto the CPU (`load_dit(adopt=False)`),
+and no other. `ReadOptions` with `workers` of 1 or more opts any copying load into the pool,
+`workers=0` keeps it on the map readers. The rule: a copying load uses the pool by default if it
+is faster cold and no slower warm. On the 2-core machine this was measured on (shared, so
+run-to-run spread was 2-4x), it did not hold at first: for a 2 GiB bf16 checkpoint, medians of
+three fresh processes, load plus one read of every byte, pages dropped with
+`posix_fadvise(DONTNEED)` for cold:
   * DiT copy path: pool 4.0 s cold, 1.35 s warm; map 2.9 s cold, 2.5 s warm;
   * VAE streaming to CPU: pool 4.1 s cold, 3.7 s warm; map 2.6 s cold, 2.1 s warm;
   * peak anonymous memory of VAE streaming: 2111 MiB with the pool, 2110 MiB without (the
@@ -20,11 +21,11 @@ every byte, pages dropped with `posix_fadvise(DONTNEED)` for cold:
 Since the pool copies tensors already cached from the map (`ReadOptions.map_when_cached`), the
 benchmark (`python -m reference bench`, 512 MiB, medians of 5, seven runs) finds the rule
 holding for the DiT copy path onto the CPU: cold 0.32-0.43 s through the pool against
-0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a tie). Not for
-VAE streaming: slower through the pool in every run (warm 0.148-0.170 s against 0.141-0.160 s,
-cold 0.340-0.419 s against 0.322-0.388 s). The direct path was never measured (no CUDA here).
-`pool_options` is the one place that decides; it still makes no load use the pool by default:
-the DiT copy path onto the CPU is the one the rule now asks to change.
+0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a tie); so it is
+the default there. Not for VAE streaming: slower through the pool warm in every run (0.148-0.170
+s against 0.141-0.160 s); cold it was slower too until the pool read kept buffers as contiguous
+shares (`reference.pool`), and is now faster (0.301 s against 0.329 s, one run). The direct
+path was never measured (no CUDA here). `pool_options` is the one place that decides.
 
 Defaults of the fields: raw `preadv` of the whole cold file read 0.55-0.7 GB/s on one thread,
 1.2-1.4 GB/s on two, 1.3-1.6 GB/s on four (8 MiB chunks; eight threads no faster, 2 MiB chunks
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -112,22 +114,22 @@ class ReadOptions:
             )
 
 
-def pool_options(reading: ReadOptions | None, *, device: torch.device) -> ReadOptions | None:
+def pool_options(
+    reading: ReadOptions | None, *, device: torch.device, load: Literal["dit", "vae"]
+) -> ReadOptions | None:
     """The options of the reader pool for a load that copies every tensor onto `device`, or
-    None where it reads from the file's map instead.
+    None where it reads from the file's map instead; `load` is the DiT's (its copy path, or
+    direct mode) or the VAE's (streaming).
 
-    By default (`reading` None) no load uses the pool: measured (see the module's docstring),
-    it was not faster cold and no slower warm on this project's machine, the rule for making it
-    a default, until the pool copied cached tensors from the map; the DiT copy path onto the
-    CPU now meets the rule, VAE streaming does not. Given options use the pool for every load
-    that copies every tensor, on any device, unless `workers` is 0. Onto a device other than
-    the CPU the pool's host buffers are copied to the device: host memory then holds the
-    in-flight window (at most `max_bytes`, or one larger tensor) beside the tensor being
-    copied.
+    By default (`reading` None) only the DiT copy path onto the CPU uses the pool, with
+    `ReadOptions()`: the one load measured faster cold and no slower warm through it (see the
+    module's docstring). Given options use the pool for every load that copies every tensor,
+    on any device, unless `workers` is 0. Onto a device other than the CPU the pool's host
+    buffers are copied to the device: host memory then holds the in-flight window (at most
+    `max_bytes`, or one larger tensor) beside the tensor being copied.
     """
-    del device  # every device is treated alike while no load defaults to the pool
     if reading is None:
-        return None
+        return ReadOptions() if load == "dit" and device.type == "cpu" else None
     return reading if reading.workers else None
 
 

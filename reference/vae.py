@@ -133,7 +133,7 @@ def vae_reader(
     they are (the slot's dtype), and the others, which are converted, are copied from the
     file's map, mapped for one tensor at a time. Without the pool, a `StreamingReader`.
     """
-    pool = pool_options(reading, device=device)
+    pool = pool_options(reading, device=device, load="vae")
     if pool is None:
         return StreamingReader(checkpoint)
     if device.type != "cpu":

@@ -385,13 +385,13 @@ PATHS: dict[str, PathSpec] = {
         about="reference DiT, CPU offload (zero-copy), ReadOptions(prefetch=True)",
     ),
     "dit_copy": PathSpec(
-        lambda job, _: dit(job, device=CPU, adopt=False),
-        about="reference DiT, copy path (adoption disabled)",
+        lambda job, options: dit(job, device=CPU, adopt=False, reading=options),
+        setup=lambda job: ReadOptions(workers=0),
+        about="reference DiT, copy path (adoption disabled) from the file's map, workers=0",
     ),
     "dit_copy_pool": PathSpec(
-        lambda job, options: dit(job, device=CPU, adopt=False, reading=options),
-        setup=lambda job: ReadOptions(),
-        about="reference DiT, copy path through the reader pool, ReadOptions()",
+        lambda job, _: dit(job, device=CPU, adopt=False),
+        about="reference DiT, copy path through the reader pool (its default, ReadOptions())",
     ),
     "dit_copy_refused": PathSpec(
         lambda job, _: refused_copy(job),

@@ -64,9 +64,9 @@ RATIOS = (
         "<=",
         lambda s: 0.05,
         lambda s: (
-            _fig(s, "dit_zero_copy", "warm", "load_s") / _fig(s, "dit_copy", "warm", "load_s")
+            _fig(s, "dit_zero_copy", "warm", "load_s") / _fig(s, "dit_copy_pool", "warm", "load_s")
         ),
-        (("dit_zero_copy", "warm"), ("dit_copy", "warm")),
+        (("dit_zero_copy", "warm"), ("dit_copy_pool", "warm")),
     ),
     Ratio(
         "cold_copy_throughput_over_best_cold_read",
@@ -100,8 +100,8 @@ RATIOS = (
         "copy_throughput_over_readinto",
         "",
         None,
-        lambda s: _rate(s, "dit_copy", "warm") / _rate(s, "readinto", "warm"),
-        (("dit_copy", "warm"), ("readinto", "warm")),
+        lambda s: _rate(s, "dit_copy_pool", "warm") / _rate(s, "readinto", "warm"),
+        (("dit_copy_pool", "warm"), ("readinto", "warm")),
     ),
     Ratio(
         "cold_zero_copy_resident_over_best_cold_read_time",

@@ -363,11 +363,13 @@ def test_the_pool_and_prefetch_paths_pass_their_read_options(
     where, facts = folder
     prefetched = bench_paths.run(bench_paths.Job("dit_zero_copy_prefetch", where, "time"))
     pooled = bench_paths.run(bench_paths.Job("dit_copy_pool", where, "time"))
+    mapped = bench_paths.run(bench_paths.Job("dit_copy", where, "time"))
     streamed = bench_paths.run(bench_paths.Job("vae_stream_pool", where, "time"))
     assert prefetched["adopted"] > 0.99 * facts["dit"]["bytes"]
-    assert pooled["copied"] == facts["dit"]["bytes"]
+    assert pooled["copied"] == mapped["copied"] == facts["dit"]["bytes"]
     assert streamed["streamed"] == facts["vae"]["bytes"]
-    assert seen == [ReadOptions(prefetch=True), ReadOptions(), ReadOptions()]
+    # the copy path's default is the pool (None); the map path asks for no workers
+    assert seen == [ReadOptions(prefetch=True), None, ReadOptions(workers=0), ReadOptions()]
     assert tensors_in_flight() == ReadOptions().max_tensors
 
 

@@ -125,12 +125,15 @@ def test_invalid_read_options_are_refused_naming_the_field(
         ReadOptions(**fields)  # type: ignore[arg-type]
 
 
-def test_the_pool_is_opt_in_and_workers_0_turns_it_off() -> None:
-    assert pool_options(None, device=CPU) is None
-    assert pool_options(None, device=torch.device("meta")) is None
-    assert pool_options(SMALL, device=CPU) is SMALL
-    assert pool_options(ReadOptions(workers=0), device=CPU) is None
-    assert pool_options(SMALL, device=torch.device("meta")) is SMALL
+def test_the_pool_is_the_dit_copy_paths_default_and_workers_0_turns_it_off() -> None:
+    meta = torch.device("meta")
+    assert pool_options(None, device=CPU, load="dit") == ReadOptions()
+    assert pool_options(None, device=meta, load="dit") is None
+    assert pool_options(None, device=CPU, load="vae") is None
+    for load in ("dit", "vae"):
+        assert pool_options(SMALL, device=CPU, load=load) is SMALL
+        assert pool_options(ReadOptions(workers=0), device=CPU, load=load) is None
+        assert pool_options(SMALL, device=meta, load=load) is SMALL
 
 
 def test_a_pooled_reader_needs_a_worker(tmp_path: Path) -> None:
