@@ -22,10 +22,12 @@ Since the pool copies tensors already cached from the map (`ReadOptions.map_when
 benchmark (`python -m reference bench`, 512 MiB, medians of 5, seven runs) finds the rule
 holding for the DiT copy path onto the CPU: cold 0.32-0.43 s through the pool against
 0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a tie); so it is
-the default there. Not for VAE streaming: slower through the pool warm in every run (0.148-0.170
-s against 0.141-0.160 s); cold it was slower too until the pool read kept buffers as contiguous
-shares (`reference.pool`), and is now faster (0.301 s against 0.329 s, one run). The direct
-path was never measured (no CUDA here). `pool_options` is the one place that decides.
+the default there (three runs since, with the pool reading kept buffers as contiguous shares,
+`reference.pool`: faster cold in all three, warm faster, a tie and 2% slower). Not for VAE
+streaming: slower through the pool warm in every one of the seven runs (0.148-0.170 s against
+0.141-0.160 s) and in two of the three since; cold faster in one of those three, slower in two.
+The direct path was never measured (no CUDA here). `pool_options` is the one place that
+decides.
 
 Defaults of the fields: raw `preadv` of the whole cold file read 0.55-0.7 GB/s on one thread,
 1.2-1.4 GB/s on two, 1.3-1.6 GB/s on four (8 MiB chunks; eight threads no faster, 2 MiB chunks
