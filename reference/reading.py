@@ -77,6 +77,10 @@ class ReadOptions:
             no prefetch): the reader the loads used before the pool existed.
         max_tensors: K, tensors in flight at most (read or being read, not yet handed out).
         max_bytes: B, bytes in flight at most; a single tensor larger than B is read alone.
+            K and B bound the pool's buffers where they are staging (a load onto a device);
+            where every buffer becomes a loaded tensor (the copy path and VAE streaming onto
+            the CPU) the buffers are the model itself, and all are read at once, in
+            contiguous shares (`reference.pool`).
         prefetch: for loads that read from the file's map (zero-copy), populate each file's
             map in the background as soon as it is mapped, with `workers` threads; the load
             returns without waiting. No effect on loads that read through the pool.
