@@ -329,8 +329,7 @@ class PooledReader(TensorReader):
         """Schedule the next tensors in file order while the window has room (with
         `buffers_kept`, all of them, in shares)."""
         if self.buffers_kept:
-            ahead = [self._order[n] for n in range(self._next, len(self._order))]
-            self._next = len(self._order)
+            ahead, self._next = self._order[self._next :], len(self._order)
             infos = [self.checkpoint.tensors[name] for name in ahead if self._ahead_now(name)]
             if infos:
                 self._schedule_shares(infos)
