@@ -18,16 +18,22 @@ three fresh processes, load plus one read of every byte, pages dropped with
   * VAE streaming to CPU: pool 4.1 s cold, 3.7 s warm; map 2.6 s cold, 2.1 s warm;
   * peak anonymous memory of VAE streaming: 2111 MiB with the pool, 2110 MiB without (the
     module is 2044 MiB: the pool's buffers become the slots' tensors).
-Since the pool copies tensors already cached from the map (`ReadOptions.map_when_cached`), the
-benchmark (`python -m reference bench`, 512 MiB, medians of 5, seven runs) finds the rule
-holding for the DiT copy path onto the CPU: cold 0.32-0.43 s through the pool against
-0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a tie); so it is
-the default there (three runs since, with the pool reading kept buffers as contiguous shares,
-`reference.pool`: faster cold in all three, warm faster, a tie and 2% slower). Not for VAE
-streaming: slower through the pool warm in every one of the seven runs (0.148-0.170 s against
-0.141-0.160 s) and in two of the three since; cold faster in one of those three, slower in two.
-The direct path was never measured (no CUDA here). `pool_options` is the one place that
-decides.
+With the pool copying the tensors already cached from the map instead (`map_when_cached`,
+then its default), the benchmark (`python -m reference bench`, 512 MiB, medians of 5, seven
+runs) found the rule holding for the DiT copy path onto the CPU: cold 0.32-0.43 s through the
+pool against 0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a
+tie); so it is the default there (three runs since, with the pool reading kept buffers as
+contiguous shares, `reference.pool`: faster cold in all three, warm faster, a tie and 2%
+slower). Not for VAE streaming: slower through the pool warm in every one of the seven runs
+(0.148-0.170 s against 0.141-0.160 s) and in two of the three since; cold faster in one of
+those three, slower in two. The direct path was never measured (no CUDA here).
+`pool_options` is the one place that decides.
+
+Cached tensors too go through `preadv` by default (`map_when_cached` False) since contiguous
+shares: warm, 512 MiB, fresh processes side by side, medians of 8 in three batches, the DiT
+copy path took 0.206, 0.187 and 0.225 s reading every tensor in shares, against 0.236, 0.205
+and 0.255 s copying the cached ones from the map (`preadv` on 2 threads: 0.219, 0.174, 0.205 s);
+cold, nothing is cached, so nothing changes.
 
 Defaults of the fields: raw `preadv` of the whole cold file read 0.55-0.7 GB/s on one thread,
 1.2-1.4 GB/s on two, 1.3-1.6 GB/s on four (8 MiB chunks; eight threads no faster, 2 MiB chunks
@@ -87,8 +93,10 @@ class ReadOptions:
         map_when_cached: for loads through the pool, copy a tensor whose pages are already in
             the page cache from the file's map instead of reading it with `preadv` (judged when
             the reader is made, with `mincore`, by the first page of every MiB of the file that
-            the tensor's bytes touch; never where that cannot be told). False reads every
-            tensor the load selects through the pool, warm or cold.
+            the tensor's bytes touch; never where that cannot be told). False (the default)
+            reads every tensor the load selects through the pool, warm or cold: measured
+            faster warm where the buffers are kept (see the module's docstring); True may
+            spare a staging copy where the pool stages for a device (unmeasured).
 
     Raises:
         ArgumentError: naming the field: a count that is not an int (bools refused), `workers`
@@ -100,7 +108,7 @@ class ReadOptions:
     max_tensors: int = DEFAULT_MAX_TENSORS
     max_bytes: int = DEFAULT_MAX_BYTES
     prefetch: bool = False
-    map_when_cached: bool = True
+    map_when_cached: bool = False
 
     def __post_init__(self) -> None:
         for name, least in (("workers", 0), ("max_tensors", 1), ("max_bytes", 1)):

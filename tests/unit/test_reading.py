@@ -348,12 +348,12 @@ def residency() -> None:
         pytest.skip(maps_missing())
 
 
-def test_a_cached_file_is_copied_from_its_map_by_default(
+def test_map_when_cached_copies_a_cached_file_from_its_map(
     tmp_path: Path, no_thread_left: None, residency: None
 ) -> None:
     state, path = three_mib_tensors(tmp_path)
     path.read_bytes()  # every page cached
-    reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2))
+    reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2, map_when_cached=True))
     read = read_and_close(reader)
     assert reader.fresh_names == frozenset()
     assert all(file_position(read[n]) is not None for n in state)  # views of the map
@@ -371,7 +371,7 @@ def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         f.seek(warm.start)
         f.read(warm.nbytes)
-    reader = PooledReader(checkpoint, ReadOptions(workers=2))
+    reader = PooledReader(checkpoint, ReadOptions(workers=2, map_when_cached=True))
     read = read_and_close(reader)
     assert reader.fresh_names == {"w0", "w2"}
     assert file_position(read["w1"]) is not None
@@ -380,13 +380,13 @@ def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
     assert all(same(read[n], state[n]) for n in state)
 
 
-def test_map_when_cached_false_reads_a_cached_file_through_the_pool(
-    tmp_path: Path, no_thread_left: None
+@pytest.mark.parametrize("kept", [False, True], ids=["window", "shares"])
+def test_a_cached_file_is_read_through_the_pool_by_default(
+    tmp_path: Path, no_thread_left: None, kept: bool
 ) -> None:
     state, path = three_mib_tensors(tmp_path)
     path.read_bytes()
-    options = ReadOptions(workers=2, map_when_cached=False)
-    reader = PooledReader(open_checkpoint(path), options)
+    reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2), buffers_kept=kept)
     read = read_and_close(reader)
     assert reader.fresh_names == frozenset(state)
     assert all(same(read[n], state[n]) for n in state)
