@@ -41,6 +41,10 @@ class BadCheckpoint:
         words: a fragment of the expected message.
         also: other entries whose naming conforms as well, where one fault can be told from
             either side (two tensors that overlap: CKPT-4).
+        or_refused_naming: where the case falls under an either-or rule, the files whose naming
+            makes a refusal of the other branch conform: a folder of several unindexed files is
+            read as one checkpoint (then `file`, `entry` and `words` describe the refusal) or
+            refused naming its files (CKPT-2). Empty where only `file` and `entry` conform.
     """
 
     case: str
@@ -49,11 +53,24 @@ class BadCheckpoint:
     entry: str | None
     words: str
     also: tuple[str, ...] = ()
+    or_refused_naming: tuple[str, ...] = ()
 
     @property
     def entries(self) -> tuple[str | None, ...]:
         """Every entry an error may name and conform: `entry`, then `also`."""
         return (self.entry, *self.also)
+
+    def refused_the_other_way(self, error: BaseException) -> bool:
+        """Whether `error` is a refusal of the other branch: its message names every file of
+        `or_refused_naming` (never, where the case has no other branch)."""
+        message = str(error)
+        return bool(self.or_refused_naming) and all(f in message for f in self.or_refused_naming)
+
+    @property
+    def blamed_the_other_way(self) -> tuple[str, ...]:
+        """What a refusal of the other branch may give as its file (a `CheckpointError`'s
+        `file`), by name: the folder handed to the loader, or one of the files it names."""
+        return (self.path.name, *self.or_refused_naming)
 
 
 def small_state() -> dict[str, torch.Tensor]:
@@ -205,8 +222,15 @@ def _name_in_two_shards(folder: Path) -> BadCheckpoint:
     state = small_state()
     write_checkpoint(state, folder, stem="part-a")
     write_checkpoint({"proj.bias": state["proj.bias"]}, folder, stem="part-b")
+    # Read as one checkpoint, `proj.bias` is in two of its files (CKPT-4); a loader may refuse
+    # the unindexed folder naming both files instead (CKPT-2). Never: one file read silently.
     return BadCheckpoint(
-        "name-in-two-shards", folder, "part-b.safetensors", "proj.bias", "also present in"
+        "name-in-two-shards",
+        folder,
+        "part-b.safetensors",
+        "proj.bias",
+        "also present in",
+        or_refused_naming=("part-a.safetensors", "part-b.safetensors"),
     )
 
 

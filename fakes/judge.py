@@ -18,6 +18,7 @@ from reference.kit.failures import SeamViolation
 
 __all__ = [
     "T",
+    "assert_computed_alike",
     "assert_names",
     "chain",
     "loaded_or_refused",
@@ -105,3 +106,24 @@ def skip_cpu_runtime_without_the_setting(loader: object, runtime_device: torch.d
             "the loader has no runtime-device setting: a CPU runtime device under a CUDA"
             " platform cannot arise for it (SPEC DG-2)"
         )
+
+
+def assert_computed_alike(actual: torch.Tensor, expected: torch.Tensor, *, what: str) -> None:
+    """`actual` (computed by what a loader returned) against `expected` (computed by an ordinary
+    load or construction): bit for bit where both were computed on the CPU; where either was
+    computed on another device, within the dtype's default tolerance
+    (`torch.testing.assert_close`), since CUDA and CPU kernels round differently (SPEC, GPU
+    tier). The failure says what differed: `what`, the dtypes and shapes, the largest
+    difference."""
+    found = (actual.dtype, tuple(actual.shape))
+    wanted = (expected.dtype, tuple(expected.shape))
+    assert found == wanted, f"{what}: {found} where an ordinary load gives {wanted}"
+    got, want = actual.detach().cpu(), expected.detach().cpu()
+    if actual.device.type == "cpu" and expected.device.type == "cpu":
+        if not torch.equal(got, want):
+            worst = (got.double() - want.double()).abs().max().item()
+            raise AssertionError(f"{what}: differs from an ordinary load's (max |diff| {worst})")
+        return
+    torch.testing.assert_close(
+        got, want, msg=lambda detail: f"{what}: differs from an ordinary load's: {detail}"
+    )

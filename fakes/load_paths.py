@@ -2,8 +2,8 @@
 
     dit-adopt    load_dit with the plan of a CPU-offloaded, unquantized DiT: it loads on CPU,
                  where eligible tensors are adopted (zero-copy)
-    dit-direct   load_dit in direct mode: straight onto the runtime device (a GPU tier path:
-                 a direct plan with a CPU load device is a contradiction, PLAN-3)
+    dit-direct   load_dit in direct mode: straight onto the runtime device (in the CPU tier
+                 the device `cpu`: fresh host memory instead of the file's map, PLAN-3)
     vae-stream   load_vae: meta build, header preflight, one tensor at a time into the slots
     transformer, vae
                  a pipeline component through its component loader (load_pipeline_component);
@@ -14,28 +14,29 @@ Each path loads the corpus models (fakes/corpus_models.py) unless a `build` is g
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
 from reference.kit.fakes import corpus_models, pipelines
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
-from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
+from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
+from reference.memory import PeakSampler
 
 __all__ = [
     "CAPABILITY",
     "CHECKPOINT_PATHS",
     "CPU",
-    "DIRECT_NEEDS_A_DEVICE",
     "MODEL_CLASSES",
     "PIPELINE_COMPONENTS",
     "direct_device",
+    "direct_load_host_growth",
     "load_checkpoint",
     "load_component",
     "load_on_path",
@@ -57,18 +58,12 @@ CAPABILITY = {
 MODEL_CLASSES = {**pipelines.MODEL_CLASSES, **corpus_models.MODEL_CLASSES}
 """Every class the fakes' pipelines name, handed to the loader with each component load."""
 CPU = torch.device("cpu")
-DIRECT_NEEDS_A_DEVICE = (
-    "a direct load needs a device other than the CPU (PLAN-3 refuses a direct plan on CPU): the"
-    " gpu tier runs this case"
-)
 
 
 def direct_device(runtime_device: torch.device) -> torch.device:
-    """Where direct mode loads: the runtime device. In the CPU tier the test is skipped: a
-    direct plan with a CPU load device is a contradiction (PLAN-3), and `meta` is no device a
-    real reader can load onto."""
-    if runtime_device.type == "cpu":
-        pytest.skip(DIRECT_NEEDS_A_DEVICE)
+    """Where direct mode loads: the runtime device. In the CPU tier that is `cpu` (PLAN-3: a
+    direct plan on the CPU reads into fresh host memory); never `meta`, which no real reader
+    can load onto (SPEC, "Real inputs")."""
     return runtime_device
 
 
@@ -128,3 +123,20 @@ def sees_zc3(loader: SeamLoader, folder: Path) -> bool:
     path, _ = write_dit_checkpoint(folder)
     _, report = loader.load_dit(TinyDiT, path, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS)
     return any(r.how == "copied" for r in report.records if ".qkv." in r.name)
+
+
+def direct_load_host_growth(
+    loader: SeamLoader, checkpoint: Path, config: DiTConfig, device: torch.device
+) -> tuple[int, tuple[str, ...]]:
+    """A direct load of a TinyDiT of `config` onto `device`: the peak anonymous host memory it
+    took above the process's state before it, and the device types its state ended on.
+    Module-level, so an isolated attempt (`reference.kit.isolated.attempt_with`) runs it in a
+    fresh process, whose heap holds no memory freed by earlier tests that a load could reuse
+    unseen."""
+    plan = Plan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
+    with PeakSampler() as host:
+        module, _ = loader.load_dit(
+            functools.partial(TinyDiT, config), checkpoint, plan=plan, kinds=LINEAR_KINDS
+        )
+    devices = sorted({t.device.type for t in [*module.parameters(), *module.buffers()]})
+    return host.anon_growth, tuple(devices)

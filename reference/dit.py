@@ -1,15 +1,14 @@
 """Loading one DiT component: plan -> checkpoint -> adopt or copy -> post-load -> report.
 
 The model is built by a zero-argument factory with its parameters and persistent buffers on
-`meta` (construction allocates none of them) and its non-persistent buffers computed for real on
-the load device, as the VAE is built (`build_dit`); each slot then gets its tensor from the
+`meta` (construction keeps none of them) and its non-persistent buffers computed for real, as the
+VAE is built (`build_dit`); each slot then gets its tensor from the
 checkpoint, one tensor at a time. Nothing is returned until the whole load succeeded, and the
 checkpoint files are only ever mapped privately (never written).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +37,6 @@ from reference.errors import StateMismatchError, listed, shown
 from reference.host_memory import (
     COPY_FIX,
     available_host_bytes,
-    default_device,
     refuse_beyond_host,
 )
 from reference.modules import (
@@ -86,23 +84,24 @@ def check_names(
         )
 
 
-def build_dit(build: Callable[[], nn.Module], device: torch.device, *, component: str) -> nn.Module:
+def build_dit(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
     """Construct the DiT as the VAE is constructed (reference.modules.build_on_meta): parameters and
     persistent buffers go to `meta` as they are registered, while non-persistent buffers
-    (rotary tables, index ranges) are computed for real, on `device`. A buffer construction
-    itself leaves on meta needs a `rebuild_buffers(device)` method on its submodule; without one
-    the load is refused here, naming it, before any tensor data is read.
+    (rotary tables, index ranges) are computed for real on the default device, as an ordinary
+    construction computes them; the load moves them to its device afterwards
+    (`rebuild_non_persistent_buffers`). A buffer construction itself leaves on meta needs a
+    `rebuild_buffers(device)` method on its submodule; without one the load is refused here,
+    naming it, before any tensor data is read.
+
+    Construction never runs under the load device: a layer allocates its parameter before it
+    registers it, so a build under a CUDA device would book every parameter on the device once
+    more before it went to meta (DG-5 counts device allocations).
 
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
     """
-    # A device context is a torch function mode: every call of the construction passes
-    # through its Python handler. Entered only where it changes where buffers land.
-    needed = device != default_device()
-    with torch.device(device) if needed else contextlib.nullcontext():
-        module = build_on_meta(build, component=component)
-    if device.type != "meta":  # on meta (the CPU tier's direct device) nothing is real anyway
-        refuse_unrebuildable_buffers(module, component=component)
+    module = build_on_meta(build, component=component)
+    refuse_unrebuildable_buffers(module, component=component)
     return module
 
 
@@ -153,6 +152,37 @@ def dit_reader(
         return PooledReader(checkpoint, pool, pooled=kept, buffers_kept=True)
     finally:
         probe.close()
+
+
+def own_memory_check(
+    module: nn.Module,
+    adopt: AdoptSteps,
+    *,
+    kinds: LinearKinds,
+    device: torch.device,
+    direct: bool,
+) -> Callable[[str, torch.Tensor], bool]:
+    """Whether a tensor read as a view of the file's map must first get memory of its own.
+
+    PLAN-3: direct mode onto the CPU adopts fresh host memory, never the file's map, so a view
+    the zero-copy verdict would adopt is copied once before it is adopted. Every other load
+    (and every tensor the verdict copies anyway) is left as read.
+    """
+    if not (direct and device.type == "cpu"):
+        return lambda name, tensor: False
+    slots = find_slots(module).by_name
+
+    def needed(name: str, tensor: torch.Tensor) -> bool:
+        slot = slots.get(name)
+        return (
+            slot is not None
+            and slot.is_parameter
+            and adopt.verdict(
+                slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=device
+            ).adopt
+        )
+
+    return needed
 
 
 @dataclass(frozen=True)
@@ -243,7 +273,7 @@ def load_dit(
             refuse_beyond_host(
                 component, opened.total_bytes, available=host_bytes, what=what, fix=COPY_FIX
             )
-    module = build_dit(build, device, component=component)
+    module = build_dit(build, component=component)
     steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
     direct = plan.load_full_state_dict_on_device
     if steps.reader is not None:
@@ -258,11 +288,17 @@ def load_dit(
             kinds=kinds,
         )
     in_flight: list[str] = []  # the tensor being loaded, so a mismatch can name its file
+    fresh = set(reader.fresh_names)
+    own_memory = own_memory_check(module, steps.adopt, kinds=kinds, device=device, direct=direct)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name in reader:
             in_flight[:] = [name]
-            yield name, reader.read(name, device=device)
+            tensor = reader.read(name, device=device)
+            if name not in fresh and own_memory(name, tensor):
+                tensor = tensor.clone()
+                fresh.add(name)
+            yield name, tensor
         in_flight.clear()
 
     failure: StateMismatchError | None = None
@@ -274,7 +310,7 @@ def load_dit(
             kinds=kinds,
             direct=direct,
             adopt=adopt,
-            fresh=reader.fresh_names,
+            fresh=fresh,
             steps=steps.adopt,
             host_bytes=host_bytes if device.type == "cpu" else None,
             component=component,
@@ -292,8 +328,7 @@ def load_dit(
     if failure is not None:
         raise failure
     events = ["load"]
-    if device.type != "meta":
-        rebuild_non_persistent_buffers(module, device=device, component=component)
+    rebuild_non_persistent_buffers(module, device=device, component=component)
     if steps.process(module, quantization=quantization, kinds=kinds, component=component):
         events.append("process")
     if plan.defer_cpu_offload:

@@ -51,11 +51,6 @@ class WeightLoadPlan:
                 "plan: defer_cpu_offload=True without a weight_postprocess_device; deferral only"
                 " makes sense when weights are processed on the device first"
             )
-        if self.load_full_state_dict_on_device and load.type == "cpu":
-            raise PlanError(
-                f"plan: load_full_state_dict_on_device=True with checkpoint_load_device={load};"
-                " direct mode loads onto an accelerator, use the ordinary plan for CPU"
-            )
         if self.load_full_state_dict_on_device and self.defer_cpu_offload:
             raise PlanError(
                 "plan: load_full_state_dict_on_device=True with defer_cpu_offload=True; direct mode"

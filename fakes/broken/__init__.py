@@ -31,6 +31,9 @@ from reference.kit.fakes.broken.admission import (
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.checkpoints import (
     IgnoresShardIndex,
+    ReadsDotfilesAsShards,
+    ReadsOneOfSeveralUnindexedFiles,
+    RefusesUnindexedFoldersAndDotfiles,
     SafetensorsLibraryErrors,
     UnpicklesLegacyCheckpoints,
 )
@@ -45,6 +48,7 @@ from reference.kit.fakes.broken.dit import (
     LeavesDitTraining,
     LosesAdoptedAttributes,
     MapsCheckpointShared,
+    MapsFilesInDirectModeOnCpu,
     OffloadsBeforeProcessing,
     PreconvertsForWeightLoader,
     PreReadsDirectCheckpoint,
@@ -129,6 +133,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     MapsCheckpointShared,
     ReadsBeforeChecking,
     PreReadsDirectCheckpoint,
+    MapsFilesInDirectModeOnCpu,
     OffloadsBeforeProcessing,
     IgnoresFsdp,
     FallsBackToUnquantized,
@@ -175,9 +180,15 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     UnpicklesLegacyCheckpoints,
     IgnoresShardIndex,
     SafetensorsLibraryErrors,
+    ReadsOneOfSeveralUnindexedFiles,
+    ReadsDotfilesAsShards,
 )
 """Every broken loader, in catalogue order."""
 
-CORRECT: tuple[type[BrokenAdapter], ...] = (PreconvertsForWeightLoader, ParsesPastDoubleDash)
+CORRECT: tuple[type[BrokenAdapter], ...] = (
+    PreconvertsForWeightLoader,
+    ParsesPastDoubleDash,
+    RefusesUnindexedFoldersAndDotfiles,
+)
 """Variants of the reference that real loaders do differently and that SPEC leaves free: the
 suite must fail them on nothing (each names the rules whose tests it runs, `exercises`)."""

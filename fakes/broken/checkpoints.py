@@ -1,17 +1,50 @@
-"""Broken checkpoint readers behind the adapter's checkpoint methods (CKPT-1, CKPT-2, CKPT-4)."""
+"""Broken checkpoint readers behind the adapter's checkpoint methods (CKPT-1, CKPT-2, CKPT-4),
+and a correct one that takes the other branch of CKPT-2's either-or rules."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
-from reference.header import DTYPES, PICKLE_SUFFIXES, read_header
+from reference import dit, vae
+from reference.adopt import LinearKinds
+from reference.args import ServerArgsLike
+from reference.checkpoint import (
+    INDEX_SUFFIX,
+    Checkpoint,
+    StreamingReader,
+    TensorReader,
+    hidden_files,
+    open_checkpoint,
+)
+from reference.errors import CheckpointError
+from reference.header import DTYPES, PICKLE_SUFFIXES, TensorInfo, read_header
 from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.seam import PlanLike
+from reference.modules import Slot
+from reference.platform import Platform
+from reference.quantization import QuantizationSpec
+from reference.report import LoadReport
+from reference.stream import StreamPlan
+from reference.stream import preflight as reference_preflight
 
-__all__ = ["IgnoresShardIndex", "SafetensorsLibraryErrors", "UnpicklesLegacyCheckpoints"]
+__all__ = [
+    "FolderPolicy",
+    "IgnoresShardIndex",
+    "ReadsDotfilesAsShards",
+    "ReadsOneOfSeveralUnindexedFiles",
+    "RefusesUnindexedFoldersAndDotfiles",
+    "SafetensorsLibraryErrors",
+    "UnpicklesLegacyCheckpoints",
+    "unindexed_files",
+    "with_dotfiles",
+]
 
 
 def _path(path: str | os.PathLike[str]) -> Path:
@@ -75,3 +108,278 @@ class SafetensorsLibraryErrors(BrokenAdapter):
                 piece = handle.get_slice(name)
                 found[name] = (DTYPES[piece.get_dtype()], tuple(piece.get_shape()))
         return found
+
+
+def unindexed_files(path: Path) -> tuple[Path, ...]:
+    """The `*.safetensors` files of a folder without a shard index, dotfiles aside, where there
+    are several: what CKPT-2 lets a loader read as one checkpoint or refuse naming them; ()
+    for anything else (a file, an index, a folder with an index or one file)."""
+    if not path.is_dir() or any(not p.name.startswith(".") for p in path.glob(f"*{INDEX_SUFFIX}")):
+        return ()
+    files = tuple(sorted(p for p in path.glob("*.safetensors") if not p.name.startswith(".")))
+    return files if len(files) > 1 else ()
+
+
+class FolderPolicy(BrokenAdapter):
+    """The reference adapter with its own answer to what a checkpoint path names: every path
+    a checkpoint method is handed (a file, an index, a folder) goes through `resolve` first,
+    which may refuse it or hand the reference another path."""
+
+    def resolve(self, path: Path) -> Path:
+        """The path the reference reads for `path` (here: `path` itself)."""
+        return path
+
+    def inspect_checkpoint(
+        self, path: str | os.PathLike[str]
+    ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return super().inspect_checkpoint(self.resolve(_path(path)))
+
+    def read_checkpoint_tensor(
+        self, path: str | os.PathLike[str], name: str, *, device: torch.device
+    ) -> torch.Tensor:
+        return super().read_checkpoint_tensor(self.resolve(_path(path)), name, device=device)
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        return super().load_dit(
+            build,
+            self.resolve(_path(checkpoint)),
+            plan=plan,
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+        )
+
+    def load_vae(
+        self,
+        build: Callable[[], torch.nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[torch.nn.Module, LoadReport]:
+        return super().load_vae(
+            build,
+            self.resolve(_path(checkpoint)),
+            device=device,
+            component=component,
+            config=config,
+            quantization=quantization,
+            decode_dtype=decode_dtype,
+            channels_last_3d=channels_last_3d,
+        )
+
+    def check_device_memory(
+        self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform
+    ) -> int:
+        return super().check_device_memory(
+            self.resolve(_path(checkpoint)), component=component, device=device, platform=platform
+        )
+
+
+class ReadsOneOfSeveralUnindexedFiles(FolderPolicy):
+    """Given a folder of several `.safetensors` files and no index, reads the first of them
+    and nothing else, silently, as a loader that takes "the" checkpoint file of a folder does:
+    the others' tensors are never seen (CKPT-2: never read as one of them silently), nor a
+    name two of them hold (CKPT-4: duplicate names across shards). A pipeline's component
+    folder is read as the reference reads it."""
+
+    name = "broken-reads-one-of-several-unindexed-files"
+    breaks = frozenset({"CKPT-2", "CKPT-4"})
+
+    def resolve(self, path: Path) -> Path:
+        files = unindexed_files(path)
+        return files[0] if files else path
+
+
+class RefusesUnindexedFoldersAndDotfiles(FolderPolicy):
+    """CKPT-2's other branches, where the reference takes the first: a folder of several
+    `.safetensors` files and no index is refused naming the files (the reference reads them as
+    one checkpoint), and a folder holding a dotfile named like a checkpoint file (macOS's
+    `._model.safetensors`) is refused naming it (the reference skips it, with a note). On every
+    path, a pipeline's component folders included."""
+
+    name = "correct-refuses-unindexed-folders-and-dotfiles"
+    exercises = frozenset({"CKPT-2", "CKPT-4"})
+
+    def resolve(self, path: Path) -> Path:
+        dotfiles = hidden_files(path)
+        if dotfiles:
+            raise CheckpointError(
+                str(dotfiles[0]),
+                None,
+                "a dotfile (such as macOS's ._ metadata) named like a checkpoint file; it is not"
+                " part of the checkpoint: remove it, or give the checkpoint's own file",
+            )
+        files = unindexed_files(path)
+        if files:
+            raise CheckpointError(
+                str(path),
+                None,
+                f"holds {len(files)} *.safetensors files and no shard index"
+                f" ({', '.join(f.name for f in files)}); give one file, or the index that makes"
+                " them one checkpoint",
+            )
+        return path
+
+    def load_pipeline_component(
+        self,
+        pipeline_dir: Path,
+        component: str,
+        args: ServerArgsLike,
+        *,
+        platform: Platform,
+        models: Mapping[str, type[nn.Module]] | None = None,
+    ) -> torch.nn.Module:
+        self.resolve(_path(pipeline_dir) / component)  # a component's weights live in its folder
+        return super().load_pipeline_component(
+            pipeline_dir,
+            component,
+            args,
+            platform=platform,
+            models=models,
+        )
+
+
+def with_dotfiles(path: Path) -> Checkpoint | None:
+    """The folder `path` read with every `*.safetensors` in it a shard, dotfiles too, under the
+    reference's rule for a name in two shards; None where `path` is no folder without an
+    index holding such a dotfile (the reference reads it then)."""
+    if not path.is_dir() or any(path.glob(f"*{INDEX_SUFFIX}")):
+        return None
+    files = tuple(sorted(path.glob("*.safetensors")))
+    if not any(f.name.startswith(".") for f in files):
+        return None
+    parts = [open_checkpoint(f) for f in files]
+    tensors: dict[str, TensorInfo] = {}
+    for part in parts:
+        for name, info in part.tensors.items():
+            if name in tensors:
+                raise CheckpointError(
+                    str(info.file),
+                    name,
+                    f"tensor also present in {tensors[name].file.name}; each name must live in"
+                    " exactly one shard",
+                )
+            tensors[name] = info
+    return Checkpoint(
+        files,
+        tensors,
+        parts[0].metadata,
+        {file: meta for part in parts for file, meta in part.file_metadata.items()},
+        {file: identity for part in parts for file, identity in part.identities.items()},
+    )
+
+
+class ReadsDotfilesAsShards(BrokenAdapter):
+    """Takes every `*.safetensors` of a folder as a shard, dotfiles too: macOS's
+    `._model.safetensors` beside the checkpoint is read with it, its names listed, checked
+    against the model and loaded, a name it shares with the checkpoint refused as a duplicate
+    (CKPT-2: a dotfile is skipped or refused naming it, never read as a shard)."""
+
+    name = "broken-reads-dotfiles-as-shards"
+    breaks = frozenset({"CKPT-2"})
+
+    def inspect_checkpoint(
+        self, path: str | os.PathLike[str]
+    ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        merged = with_dotfiles(_path(path))
+        if merged is None:
+            return super().inspect_checkpoint(path)
+        return {name: (info.dtype, info.shape) for name, info in merged.tensors.items()}
+
+    def read_checkpoint_tensor(
+        self, path: str | os.PathLike[str], name: str, *, device: torch.device
+    ) -> torch.Tensor:
+        merged = with_dotfiles(_path(path))
+        if merged is None:
+            return super().read_checkpoint_tensor(path, name, device=device)
+        if name not in merged.tensors:
+            raise CheckpointError(os.fspath(path), name, "holds no tensor of this name")
+        reader = TensorReader(merged)
+        try:
+            return reader.read(name, device=device)
+        finally:
+            reader.close()
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        merged = with_dotfiles(_path(checkpoint))
+        steps = self.dit_steps(plan, fsdp=fsdp)
+        if merged is not None:
+            ours = merged
+
+            def check_names(
+                module: nn.Module, names: set[str], *, component: str, files: Sequence[Path] = ()
+            ) -> None:
+                dit.check_names(module, set(ours.tensors), component=component, files=ours.files)
+
+            steps = replace(steps, reader=lambda _: TensorReader(ours), check_names=check_names)
+        return dit.load_dit(
+            build,
+            checkpoint,
+            plan=self._plan(plan),
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+            steps=steps,
+        )
+
+    def load_vae(
+        self,
+        build: Callable[[], torch.nn.Module],
+        checkpoint: Path,
+        *,
+        device: torch.device,
+        component: str = "vae",
+        config: Mapping[str, object] | None = None,
+        quantization: QuantizationSpec | None = None,
+        decode_dtype: torch.dtype | None = None,
+        channels_last_3d: bool = False,
+    ) -> tuple[torch.nn.Module, LoadReport]:
+        merged = with_dotfiles(_path(checkpoint))
+        steps = self.vae_steps()
+        if merged is not None:
+            ours = merged
+
+            def preflight(
+                _: Checkpoint, slots: Mapping[str, Slot], *, component: str
+            ) -> StreamPlan:
+                return reference_preflight(ours, slots, component=component)
+
+            steps = replace(steps, preflight=preflight, reader=lambda _: StreamingReader(ours))
+        return vae.load_vae(
+            build,
+            checkpoint,
+            device=device,
+            component=component,
+            config=config,
+            quantization=quantization,
+            decode_dtype=decode_dtype,
+            channels_last_3d=channels_last_3d,
+            steps=steps,
+        )

@@ -37,6 +37,7 @@ __all__ = [
     "LeavesDitTraining",
     "LosesAdoptedAttributes",
     "MapsCheckpointShared",
+    "MapsFilesInDirectModeOnCpu",
     "NeverClashes",
     "OffloadsBeforeProcessing",
     "PreReadsDirectCheckpoint",
@@ -300,12 +301,42 @@ class PreReadsDirectCheckpoint(DiTDefect):
 
     name = "broken-pre-reads-direct-checkpoint"
     breaks = frozenset({"DG-4"})
-    gpu_only = "a direct load needs a device other than the CPU (PLAN-3)"
 
     def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
         if plan.load_full_state_dict_on_device:
             return DiTSteps(reader=CpuPreReader)
         return REFERENCE_DIT_STEPS
+
+
+class MapsFilesInDirectModeOnCpu(DiTDefect):
+    """Loads a direct plan onto the CPU as the ordinary CPU plan: eligible tensors are adopted
+    as views of the files' maps, not read into fresh host memory (DG-4, PLAN-3)."""
+
+    name = "broken-maps-files-in-direct-mode-on-cpu"
+    breaks = frozenset({"DG-4"})
+
+    def load_dit(
+        self,
+        build: Callable[[], nn.Module],
+        checkpoint: str | os.PathLike[str],
+        *,
+        plan: PlanLike,
+        kinds: LinearKinds,
+        quantization: QuantizationSpec | None = None,
+        fsdp: bool = False,
+        component: str = "transformer",
+    ) -> tuple[nn.Module, LoadReport]:
+        if plan.load_full_state_dict_on_device and plan.checkpoint_load_device.type == "cpu":
+            plan = self.default_plan(plan.checkpoint_load_device)
+        return super().load_dit(
+            build,
+            checkpoint,
+            plan=plan,
+            kinds=kinds,
+            quantization=quantization,
+            fsdp=fsdp,
+            component=component,
+        )
 
 
 class OffloadsBeforeProcessing(DiTDefect):

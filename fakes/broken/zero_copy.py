@@ -113,7 +113,7 @@ class AdoptsOffCpuTensors(PredicateDefect):
     name = "broken-adopts-off-cpu"
     breaks = frozenset({"ZC-1"})
     also_fails = MappingProxyType({})
-    gpu_only = "a checkpoint tensor off the CPU needs a device other than the CPU"
+    gpu_only = "a checkpoint tensor off the CPU needs a CUDA tensor beside the CPU"
 
     def ask(self, q: Question) -> Verdict:
         if q.direct_device is None and q.tensor.device.type != "cpu":

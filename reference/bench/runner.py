@@ -7,8 +7,10 @@ runs one path (`reference.bench.paths.PATHS`) on the checkpoints the benchmark w
 (`shapes.json`, `dit/`, `vae/`) and prints one JSON line. `python -m reference bench` starts
 `python -m reference.bench.runner --serve` instead, which imports torch once and then forks a
 fresh child per run: every run starts from the same untouched process, without paying the
-two-second torch import each time. The runner does no tensor work and never touches CUDA before
-forking, so the children start clean. The child itself puts the path's checkpoint files into
+two-second torch import each time. The runner does no tensor work before forking. A run that
+touches CUDA is spawned instead (a fresh interpreter running this module on that one job), and so
+is every run once anything in the server has initialised CUDA: a forked child cannot use CUDA
+that its parent initialised. The child itself puts the path's checkpoint files into
 the job's page-cache state (warm or cold, `reference.bench.cache`) before its clock starts: a
 cold start needs that no process maps the files, which holds in a fresh child.
 """
@@ -20,6 +22,7 @@ import gc
 import importlib
 import json
 import os
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -32,7 +35,7 @@ from reference.bench.cache import CACHES
 from reference.bench.paths import MODES, PATHS, Job, library_missing, run
 from reference.plan import CPU
 
-__all__ = ["forked", "job_of", "main", "preload", "serve"]
+__all__ = ["forked", "isolated", "job_of", "main", "preload", "serve", "spawned"]
 
 
 def preload() -> None:
@@ -77,6 +80,35 @@ def forked(job: Job) -> dict[str, Any]:
     return result
 
 
+def spawned(job: Job) -> dict[str, Any]:
+    """Run `job` in a fresh interpreter (`python -m reference.bench.runner PATH DIR ...`)."""
+    argv = [job.path, str(job.folder), "--mode", job.mode, "--cache", job.cache]
+    if job.warmup is not None:
+        argv += ["--warmup", str(job.warmup)]
+    if job.threads is not None:
+        argv += ["--threads", str(job.threads)]
+    done = subprocess.run(
+        [sys.executable, "-m", "reference.bench.runner", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip()[-4000:]
+        return {"path": job.path, "error": f"the run exited {done.returncode}:\n{tail}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def isolated(job: Job) -> dict[str, Any]:
+    """Run `job` in a fresh process: spawned where it touches CUDA or this process has
+    initialised CUDA (a forked child could not use it), forked otherwise."""
+    if PATHS[job.path].cuda or torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return spawned(job)
+    return forked(job)
+
+
 def job_of(request: dict[str, Any]) -> Job:
     """The job a request line {"path", "folder", "mode", "warmup", "threads", "cache"} names."""
     warmup = request.get("warmup")
@@ -98,7 +130,7 @@ def serve() -> int:
     # load allocates many Python objects first (a diffusers model's hundreds of modules).
     gc.freeze()
     for line in sys.stdin:
-        print(json.dumps(forked(job_of(json.loads(line)))), flush=True)
+        print(json.dumps(isolated(job_of(json.loads(line)))), flush=True)
     return 0
 
 

@@ -4,11 +4,12 @@ The corpus (fakes/corrupt.py) is broken from one valid base that the corpus mode
 (fakes/corpus_models.py), so a load of an entry can only fail for being corrupt. Each entry goes
 down every path of fakes/load_paths.py: the DiT with adoption, the DiT in direct mode, the VAE
 stream, and a pipeline's transformer and VAE components. Every load must raise one error naming
-the file and the entry, on one line; never hang, return a model, or leave a model built
-from the bad input alive. Checkpoints that are well formed but belong to another model are
-refused naming the tensor instead. The load paths name no error type beyond ValueError;
-`inspect_checkpoint` and `read_checkpoint_tensor` raise the Protocol's CheckpointError. No test
-writes to a checkpoint file it sealed.
+the file and the entry, on one line (or, where an either-or rule lets a loader refuse another
+way, the refusal of that branch: a folder of unindexed files refused naming them, CKPT-2); never
+hang, return a model, or leave a model built from the bad input alive. Checkpoints that are
+well formed but belong to another model are refused naming the tensor instead. The load paths
+name no error type beyond ValueError; `inspect_checkpoint` and `read_checkpoint_tensor` raise
+the Protocol's CheckpointError. No test writes to a checkpoint file it sealed.
 """
 
 from __future__ import annotations
@@ -48,18 +49,35 @@ sealed = pytest.fixture(autouse=True)(sealing)
 
 
 def assert_one_clear_error(
-    error: BaseException, *, file: str, entries: tuple[str | None, ...]
+    error: BaseException,
+    *,
+    file: str,
+    entries: tuple[str | None, ...],
+    bad: BadCheckpoint | None = None,
 ) -> None:
     """A refusal (a ValueError: the load paths name no other type) naming `file` and one of
     `entries` (where a fault can be told from either side, naming either conforms), on one
     line. Where the loader raises the Protocol's CheckpointError, its `file` and `entry` must
-    say the same."""
+    say the same. Where `bad` falls under an either-or rule (`BadCheckpoint.or_refused_naming`),
+    a refusal of the other branch conforms instead: it names each of those files, and a
+    CheckpointError blames the folder or one of them."""
     assert isinstance(error, ValueError), f"{type(error).__name__}: {error}"
-    assert_names(error, file)
     message = str(error)
+    assert "\n" not in message, message
+    if bad is not None and bad.refused_the_other_way(error):
+        named_files = sum(len(f) for f in bad.or_refused_naming)
+        assert len(message) > named_files + 8, f"the problem is not stated: {message}"
+        if isinstance(error, CheckpointError):
+            assert Path(error.file).name in bad.blamed_the_other_way, message
+            assert error.entry is None or error.entry in message, message
+        return
+    if bad is not None and bad.or_refused_naming:
+        assert file in message, (
+            f"the refusal names neither {file!r} nor each of {bad.or_refused_naming}: {message}"
+        )
+    assert_names(error, file)
     named = [e for e in entries if e is None or e in message]
     assert named, f"the refusal names none of {entries}: {message}"
-    assert "\n" not in message, message
     assert len(message) > len(file) + len(named[0] or "") + 8, (
         f"the problem is not stated: {message}"
     )
@@ -128,7 +146,7 @@ def test_corrupt_checkpoint_is_one_clear_error_on_every_path(
     error = failure_of(
         lambda: load_checkpoint(path, loader, bad.path, runtime_device=runtime_device)
     )
-    assert_one_clear_error(error, file=bad.file, entries=bad.entries)
+    assert_one_clear_error(error, file=bad.file, entries=bad.entries, bad=bad)
     assert survivors(since) == [], "a model built from the bad checkpoint is still alive"
 
 
@@ -152,7 +170,7 @@ def test_corrupt_component_weights_are_one_clear_error_in_a_pipeline(
         lambda: load_component(loader, tmp_path, component, runtime_device=runtime_device)
     )
     file, entries = expected_in_folder(bad, folder)
-    assert_one_clear_error(error, file=file, entries=entries)
+    assert_one_clear_error(error, file=file, entries=entries, bad=bad)
     assert survivors(since) == [], "a model built from the bad checkpoint is still alive"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from pytest_mock import MockerFixture
 from torch import nn
 
 from reference.__main__ import main
@@ -414,6 +415,47 @@ def test_paths_command_line(
     assert (result["path"], result["mode"]) == ("dit_zero_copy", "memory")
     with pytest.raises(SystemExit):
         bench_runner.main(["no_such_path", where])
+
+
+def test_runs_are_spawned_once_cuda_is_initialised(tmp_path: Path, mocker: MockerFixture) -> None:
+    """A forked child cannot use CUDA its parent initialised ("Cannot re-initialize CUDA in
+    forked subprocess"): once CUDA is initialised in the runner, every run goes to a fresh
+    interpreter. (Nothing is forked here: a fork of a test worker's threads can hang.)"""
+    job = bench_paths.Job("dit_zero_copy", tmp_path)
+    spawned = mocker.patch.object(bench_runner, "spawned", return_value={"path": "spawned"})
+    forked = mocker.patch.object(bench_runner, "forked", return_value={"path": "forked"})
+    assert bench_runner.isolated(job) == {"path": "forked"}, "a CPU run without CUDA is forked"
+    mocker.patch.object(torch.cuda, "is_initialized", return_value=True)
+    assert bench_runner.isolated(job) == {"path": "spawned"}
+    assert (forked.call_count, spawned.call_count) == (1, 1)
+
+
+def test_a_spawned_run_gives_the_figures_of_a_run_in_process(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    where, _ = folder
+    job = bench_paths.Job("dit_zero_copy", where, "time")
+    spawned = bench_runner.spawned(job)
+    assert "error" not in spawned, spawned.get("error")
+    assert set(spawned) == set(bench_paths.run(job))
+    assert (spawned["path"], spawned["mode"], spawned["cache"]) == ("dit_zero_copy", "time", "warm")
+
+
+def test_a_cuda_path_is_spawned_even_before_cuda_is_initialised(
+    tmp_path: Path, mocker: MockerFixture
+) -> None:
+    name = next(name for name, spec in bench_paths.PATHS.items() if spec.cuda)
+    spawned = mocker.patch.object(bench_runner, "spawned", return_value={"path": name})
+    forked = mocker.patch.object(bench_runner, "forked")
+    assert bench_runner.isolated(bench_paths.Job(name, tmp_path)) == {"path": name}
+    spawned.assert_called_once()
+    forked.assert_not_called()
+
+
+def test_a_spawned_run_that_fails_says_why(tmp_path: Path) -> None:
+    result = bench_runner.spawned(bench_paths.Job("dit_zero_copy", tmp_path / "missing"))
+    assert result["path"] == "dit_zero_copy"
+    assert "shapes.json" in result["error"]
 
 
 # --- ratios, tables, the command ----------------------------------------------------------------

@@ -30,7 +30,6 @@ from reference.kit.fakes.hostile import (
 from reference.kit.fakes.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
-    DIRECT_NEEDS_A_DEVICE,
     PIPELINE_COMPONENTS,
     load_on_path,
 )
@@ -102,8 +101,6 @@ def test_hostile_weights_are_refused_in_one_line_in_bounded_time_and_memory(
     case: str,
 ) -> None:
     sealed.add(tmp_path)
-    if path == "dit-direct" and runtime_device.type == "cpu":
-        pytest.skip(DIRECT_NEEDS_A_DEVICE)
     target, hostile = target_for(path, tmp_path, lambda f: write_weight_case(case, f))
     sealed.add(tmp_path)
     result = isolated_with(

@@ -28,6 +28,7 @@ from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
 from reference.kit.fakes.corrupt import small_state
 from reference.kit.fakes.guards import BLOCKING, make_blocking_file
 from reference.kit.fakes.hostile import write_hostile_json
+from reference.kit.fakes.judge import assert_names, loaded_or_refused
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
@@ -363,18 +364,70 @@ def test_construction_beyond_host_memory_is_refused_before_allocating(
 # --- files that are not part of a checkpoint -----------------------------------------------------
 
 
+DOTFILE = "._model.safetensors"
+
+
+def _write_dotfile(folder: Path, kind: str) -> tuple[Path, tuple[str, ...]]:
+    """`._model.safetensors` beside the checkpoint in `folder`, and the tensors it holds:
+    AppleDouble metadata (what macOS writes: not safetensors, no tensors), or a valid
+    safetensors file holding its own `proj.bias` (other values) and a name the checkpoint lacks.
+    A refusal that names one of its tensors read the dotfile's header as a shard's."""
+    path = folder / DOTFILE
+    if kind == "appledouble":
+        path.write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)
+        return path, ()
+    bias = small_state()["proj.bias"]
+    stray = {"proj.bias": torch.full_like(bias, 7.0), "stray.weight": torch.ones(3)}
+    write_checkpoint(stray, folder, stem=DOTFILE.removesuffix(".safetensors"))
+    return path, tuple(stray)
+
+
+def _load_or_list(loader: SeamLoader, path: str, folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the loader gives for `folder` on `path`: a loaded module's state, or each
+    listed name read back."""
+    if path == "dit-adopt":
+        module, _ = loader.load_dit(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        return dict(module.state_dict())
+    if path == "vae-stream":
+        module, _ = loader.load_vae(CorpusVAE, folder, device=CPU)
+        return dict(module.state_dict())
+    listed = loader.inspect_checkpoint(folder)
+    return {name: loader.read_checkpoint_tensor(folder, name, device=CPU) for name in listed}
+
+
 @pytest.mark.rule("CKPT-2")
-@pytest.mark.capability(ZERO_COPY)
+@pytest.mark.parametrize("dotfile", ["appledouble", "valid-safetensors"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("dit-adopt", marks=pytest.mark.capability(ZERO_COPY)),
+        pytest.param("vae-stream", marks=pytest.mark.capability(VAE_STREAM)),
+        pytest.param("inspect", marks=pytest.mark.capability(CHECKPOINT_SAFETY)),
+    ],
+)
 def test_an_appledouble_file_beside_the_checkpoint_is_not_a_shard(
-    loader: SeamLoader, tmp_path: Path
+    loader: SeamLoader, tmp_path: Path, path: str, dotfile: str
 ) -> None:
-    """macOS writes `._model.safetensors` beside every file copied to a foreign filesystem."""
+    """macOS writes `._model.safetensors` beside every file copied to a foreign filesystem. A
+    dotfile is no checkpoint file: the loader skips it (the checkpoint's values alone) or
+    refuses naming it; both conform (CKPT-2). Read as a shard, a valid safetensors dotfile
+    shows: its names listed or refused (a duplicate `proj.bias`, an unknown `stray.weight`), or
+    its values loaded."""
     state = small_state()
     folder = write_checkpoint(state, tmp_path / "ckpt").parent
-    (folder / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)
-    module, _ = loader.load_dit(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
+    dot, held = _write_dotfile(folder, dotfile)
+    got, refused = loaded_or_refused(lambda: _load_or_list(loader, path, folder))
+    if refused is not None:
+        assert_names(refused, dot.name)
+        read = [name for name in held if name in str(refused)]
+        assert read == [], f"the refusal names the dotfile's {read}: read as a shard: {refused}"
+        return
+    assert got is not None
+    assert sorted(got) == sorted(state), f"the dotfile was read as a shard: {sorted(got)}"
     for name, tensor in state.items():
-        assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
+        assert torch.equal(got[name].cpu().to(tensor.dtype), tensor), (
+            f"{name}: not the checkpoint's values"
+        )
 
 
 # --- the command line: exit 2 and one line -------------------------------------------------------

@@ -75,7 +75,7 @@ def test_for_component_derives_fields(
 
 
 @pytest.mark.rule("PLAN-2")
-@pytest.mark.parametrize("device", [ACCEL, OTHER], ids=str)
+@pytest.mark.parametrize("device", [ACCEL, OTHER, CPU], ids=str)
 def test_for_component_passes_direct_flag_through(loader: SeamLoader, device: torch.device) -> None:
     plan = loader.plan_for_component(
         checkpoint_load_device=device,
@@ -117,12 +117,7 @@ CONTRADICTIONS = [
     pytest.param(plan_fields(ACCEL, defer=True), "defer_cpu_offload", id="defer-without-post"),
     pytest.param(plan_fields(CPU, defer=True), "defer_cpu_offload", id="defer-without-post-cpu"),
     pytest.param(
-        plan_fields(CPU, direct=True), "load_full_state_dict_on_device", id="direct-on-cpu"
-    ),
-    pytest.param(
-        plan_fields(torch.device("cpu", 0), direct=True),
-        "load_full_state_dict_on_device",
-        id="direct-on-cpu-0",
+        plan_fields(CPU, CPU, defer=True, direct=True), "defer_cpu_offload", id="direct-cpu-defer"
     ),
     pytest.param(
         plan_fields(ACCEL, ACCEL, defer=True, direct=True),
@@ -178,12 +173,27 @@ def test_for_component_refuses_direct_with_deferral(
         plan_fields(ACCEL, direct=True),
         plan_fields(OTHER, OTHER, direct=True),
         plan_fields(CPU),
+        plan_fields(CPU, direct=True),
+        plan_fields(torch.device("cpu", 0), direct=True),
+        plan_fields(CPU, CPU, direct=True),
     ],
-    ids=["defer", "defer-other", "defer-cpu", "post-cpu", "direct", "direct-post", "plain-cpu"],
+    ids=[
+        "defer",
+        "defer-other",
+        "defer-cpu",
+        "post-cpu",
+        "direct",
+        "direct-post",
+        "plain-cpu",
+        "direct-on-cpu",
+        "direct-on-cpu-0",
+        "direct-post-cpu",
+    ],
 )
 def test_consistent_explicit_plans_are_accepted(
     loader: SeamLoader, fields: dict[str, object]
 ) -> None:
+    """A direct plan on the CPU is no contradiction (PLAN-3): it reads into fresh host memory."""
     plan = loader.make_plan(**fields)  # type: ignore[arg-type]
     assert fields_of(plan) == tuple(fields.values())
 

@@ -14,7 +14,6 @@ import torch
 from reference.errors import PlanError
 from reference.plan import WeightLoadPlan
 
-CPU = torch.device("cpu")
 ACCEL = torch.device("cuda", 0)
 OTHER = torch.device("cuda", 1)
 
@@ -35,11 +34,6 @@ OTHER = torch.device("cuda", 1)
             " makes sense when weights are processed on the device first",
         ),
         (
-            {"checkpoint_load_device": CPU, "load_full_state_dict_on_device": True},
-            "plan: load_full_state_dict_on_device=True with checkpoint_load_device=cpu; direct"
-            " mode loads onto an accelerator, use the ordinary plan for CPU",
-        ),
-        (
             {
                 "checkpoint_load_device": ACCEL,
                 "weight_postprocess_device": ACCEL,
@@ -50,7 +44,7 @@ OTHER = torch.device("cuda", 1)
             " needs a resident component, so nothing can be deferred to CPU",
         ),
     ],
-    ids=["post-device-differs", "deferral-without-post", "direct-on-cpu", "direct-with-deferral"],
+    ids=["post-device-differs", "deferral-without-post", "direct-with-deferral"],
 )
 def test_contradictory_plan_messages(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(PlanError) as caught:

@@ -634,7 +634,7 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
     shapes = BenchShapes.for_bytes(1 << 20)
     path, _ = write_bench_checkpoints(tmp_path, shapes)
     opened = open_checkpoint(path)
-    module = build_dit(shapes.dit, CPU, component="transformer")
+    module = build_dit(shapes.dit, component="transformer")
     options = ReadOptions(workers=2, map_when_cached=False)
     reader = dit_reader(
         opened, module, reading=options, copies_every_tensor=True, device=CPU, kinds=LINEAR_KINDS

@@ -25,7 +25,12 @@ from reference.errors import (
     StateMismatchError,
 )
 from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.judge import assert_names, loaded_or_refused, refusal
+from reference.kit.fakes.judge import (
+    assert_computed_alike,
+    assert_names,
+    loaded_or_refused,
+    refusal,
+)
 from reference.kit.fakes.load_paths import MODEL_CLASSES
 from reference.kit.fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
 from reference.kit.fakes.platform import FakePlatform
@@ -264,7 +269,7 @@ def test_streamed_vae_decodes_bit_identically_to_an_ordinary_load(
     with torch.no_grad():
         expected = ordinary(video)
         actual = module.eval()(video)
-    assert torch.equal(actual, expected)
+    assert_computed_alike(actual, expected, what="the decoded video")
     assert expected.abs().sum() > 0
 
 
@@ -823,20 +828,22 @@ def test_non_persistent_buffers_hold_their_constructed_values(
         module, _ = loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
     ordinary = cls(CONFIG)
     freqs = module.get_buffer("decoder.temporal.freqs")
-    assert not freqs.is_meta
-    assert _on(runtime_device, freqs)
+    assert not freqs.is_meta, "decoder.temporal.freqs is still on meta after the load"
+    assert _on(runtime_device, freqs), f"decoder.temporal.freqs is on {freqs.device}"
     expected = ordinary.get_buffer("decoder.temporal.freqs")
-    assert freqs.dtype == expected.dtype
-    assert torch.equal(freqs.cpu(), expected)
     assert expected.abs().sum() > 0
+    assert_computed_alike(freqs, expected, what="buffer decoder.temporal.freqs")
     state = _state(seed=6)
     module, _ = loader.load_vae(
         RecordingBuild(cls), write_vae_checkpoint(state, tmp_path / "decode"), device=runtime_device
     )
     ordinary.load_state_dict(state)
+    ordinary.to(runtime_device)  # the forward runs on the runtime device on both sides
     with torch.no_grad():
-        video = _video(torch.device("cpu"))
-        assert torch.equal(module.eval()(video.to(runtime_device)).cpu(), ordinary.eval()(video))
+        video = _video(runtime_device)
+        assert_computed_alike(
+            module.eval()(video), ordinary.eval()(video), what="the decoded video"
+        )
 
 
 @pytest.mark.rule("VAE-9")
@@ -1101,7 +1108,7 @@ def test_layout_and_decode_dtype_policy_match_the_ordinary_path(
     assert module.get_parameter("encoder.conv_in.weight").dtype == torch.float32
     video = _video(runtime_device)
     with torch.no_grad():
-        assert torch.equal(module.eval()(video), ordinary(video))
+        assert_computed_alike(module.eval()(video), ordinary(video), what="the decoded video")
 
 
 @pytest.mark.rule("VAE-11")

@@ -14,8 +14,8 @@ those two rules, never toward ZC-1..8 (SPEC, ZC).
 
 Rows run in ordinary mode (tensors on CPU, ZC-1) and in direct mode (tensors on the load device,
 DG-5; ZC-2..8 unchanged). The direct device is the runtime device: `cpu` in the CPU tier, where
-the predicate is asked with `direct_device=cpu` and direct *loads* are left to the GPU tier (a
-direct plan with a CPU load device is a contradiction, PLAN-3).
+direct loads read into fresh host memory (PLAN-3). Rows that need a tensor on a second device
+(off the CPU, or off the load device) need CUDA and run in the GPU tier.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ def direct_device(runtime_device: torch.device) -> torch.device:
     return runtime_device
 
 
-def needs_accelerator(device: torch.device, what: str) -> None:
-    """Skip in the CPU tier: `what` needs a device other than the CPU (the GPU tier runs it)."""
+def needs_a_second_device(device: torch.device, what: str) -> None:
+    """Skip in the CPU tier: `what` needs a tensor on a real device besides the CPU, and the CPU
+    tier has none (SPEC, "Real inputs": `meta` is no stand-in); the GPU tier runs it."""
     if device.type == "cpu":
-        pytest.skip(f"{what} needs a device other than the CPU: the gpu tier runs this case")
+        pytest.skip(f"{what} needs a CUDA tensor beside the CPU: the gpu tier runs this case")
 
 
 # --- one load: a one-layer module built on meta and the tensor handed for its weight ------------
@@ -432,7 +433,7 @@ def test_the_predicate_answers_each_row(
 def test_the_predicate_refuses_a_tensor_off_cpu(
     loader: SeamLoader, direct_device: torch.device, base: str
 ) -> None:
-    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the CPU")
     assert verdict(loader, probe(base, direct_device), None) is False
 
 
@@ -442,7 +443,7 @@ def test_the_predicate_refuses_a_tensor_off_cpu(
 def test_the_direct_predicate_refuses_a_tensor_off_the_load_device(
     loader: SeamLoader, direct_device: torch.device, base: str
 ) -> None:
-    needs_accelerator(direct_device, "a load device other than the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the load device")
     assert verdict(loader, probe(base, CPU), direct_device) is False
 
 
@@ -452,7 +453,7 @@ def test_a_plain_parameter_is_converted_onto_the_load_device_in_direct_mode(
     loader: SeamLoader, direct_device: torch.device
 ) -> None:
     """ZC-2b: a tensor on another device than the load device is not taken as is."""
-    needs_accelerator(direct_device, "a load device other than the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the load device")
     assert verdict(loader, probe(PLAIN, CPU), direct_device) is False
 
 
@@ -513,8 +514,6 @@ def test_loading_each_row_adopts_or_copies(
     loader: SeamLoader, direct_device: torch.device, base: str, row: Row | None, mode: str
 ) -> None:
     device = home(mode, direct_device)
-    if mode == "direct":
-        needs_accelerator(device, "a direct load (PLAN-3 refuses a CPU load device)")
     p, adopt = build(base, row, device)
     dtype = p.param.dtype
     load(loader, p, plan_for(device, direct=mode == "direct"))
@@ -531,7 +530,7 @@ def test_loading_a_tensor_off_cpu_copies_it(
 ) -> None:
     """An ordinary (not direct) plan that loads on a non-CPU device: a parameter with a
     weight_loader is copied there (ZC-1)."""
-    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the CPU")
     p = probe(base, direct_device)
     load(loader, p, plan_for(direct_device, direct=False))
     assert_copied(p.param, p.tensor, torch.float32)
@@ -543,7 +542,7 @@ def test_a_plain_parameter_takes_a_tensor_on_its_load_device_as_is(
 ) -> None:
     """An ordinary plan that loads on a non-CPU device: a parameter without weight_loader takes
     its tensor as is there, in any mode (ZC-2b)."""
-    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the CPU")
     p = probe(PLAIN, direct_device)
     load(loader, p, plan_for(direct_device, direct=False))
     assert_adopted(p.param, p.tensor)
@@ -582,8 +581,6 @@ def test_a_device_with_or_without_its_index_is_the_same_device(
 ) -> None:
     """cpu and cpu:0 (cuda and cuda:0) are one device: tensors there are adopted either way."""
     device = home(mode, direct_device)
-    if mode == "direct":
-        needs_accelerator(device, "a direct load (PLAN-3 refuses a CPU load device)")
     tensor_device = indexed(device) if device.type == "cuda" else device
     p = probe(base, tensor_device)
     plan_device = indexed(device) if plan_index else torch.device(device.type)
@@ -615,7 +612,7 @@ def test_each_copy_is_reported_with_its_first_failing_condition(
 
 @pytest.mark.rule("ZC-14")
 def test_a_copy_off_cpu_is_reported_as_zc1(loader: SeamLoader, direct_device: torch.device) -> None:
-    needs_accelerator(direct_device, "a checkpoint tensor off the CPU")
+    needs_a_second_device(direct_device, "a checkpoint tensor off the CPU")
     plan = plan_for(direct_device, direct=False)
     assert_copy_reported_as(load(loader, probe("column", direct_device), plan), "ZC-1")
 
