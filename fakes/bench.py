@@ -164,7 +164,8 @@ def diffusers_dit_config(target: int) -> dict[str, object]:
 
 def write_diffusers_bench(folder: Path, target: int) -> Path:
     """A one-component Hub-layout pipeline in `folder`: model_index.json and a `transformer`
-    (`WanTransformer3DModel` of about `target` bytes) written by diffusers' `save_pretrained`.
+    (`WanTransformer3DModel` of about `target` bytes at fp32, stored in bf16) written by
+    diffusers' `save_pretrained`.
 
     Returns the transformer's folder.
 
@@ -177,6 +178,14 @@ def write_diffusers_bench(folder: Path, target: int) -> Path:
     diffusers = importlib.import_module("diffusers")
     model = diffusers.WanTransformer3DModel(**diffusers_dit_config(target))
     transformer = folder / "transformer"
+    model.save_pretrained(str(transformer))
+    # Stored in bf16 as users get it: read back by diffusers in bf16 (its fp32 modules kept)
+    # and written again in its place.
+    model = diffusers.WanTransformer3DModel.from_pretrained(
+        str(transformer), torch_dtype=torch.bfloat16
+    )
+    for old in transformer.glob("*.safetensors*"):
+        old.unlink()
     model.save_pretrained(str(transformer))
     index = {
         "_class_name": "WanPipeline",

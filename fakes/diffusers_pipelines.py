@@ -98,9 +98,17 @@ class DiffusersDiT:
         return {name: _to(value, device) for name, value in inputs.items()}
 
     def forward(self, model: nn.Module, device: torch.device) -> torch.Tensor:
-        """The model's output on `sample_inputs(device)`, without autograd."""
+        """The model's output on `sample_inputs(device)`, without autograd; floating inputs in
+        the model's own dtype (diffusers' `ModelMixin.dtype`), as its pipeline passes them."""
+        dtype = getattr(model, "dtype", None)
+        inputs = {
+            name: value.to(dtype)
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and dtype is not None
+            else value
+            for name, value in self.sample_inputs(device).items()
+        }
         with torch.no_grad():
-            out = model(**self.sample_inputs(device), return_dict=False)[0]
+            out = model(**inputs, return_dict=False)[0]
         result: torch.Tensor = out
         return result
 
@@ -451,17 +459,31 @@ HUB_PIPELINES: Mapping[str, HubPipeline] = {
 
 
 def write_diffusers_dit(
-    folder: Path, dit: DiffusersDiT, *, seed: int = 0, sharded: bool = False
+    folder: Path,
+    dit: DiffusersDiT,
+    *,
+    seed: int = 0,
+    sharded: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Save `dit.build(seed)` into `folder` with diffusers' `save_pretrained`; returns the model."""
+    """Save `dit.build(seed)` into `folder` with diffusers' `save_pretrained` (with `dtype`, then
+    read back in it by `from_pretrained(torch_dtype=dtype)` and saved again, as in
+    `write_hub_pipeline`); returns the model as built (fp32)."""
     model: Any = dit.build(seed)
     model.save_pretrained(str(folder), max_shard_size=SHARD_SIZE if sharded else "10GB")
+    if dtype is not None:
+        _resave(folder, dit, dtype, sharded=sharded)
     saved: nn.Module = model
     return saved
 
 
 def write_hub_pipeline(
-    root: Path, pipeline: HubPipeline, *, seed: int = 0, sharded: bool = False
+    root: Path,
+    pipeline: HubPipeline,
+    *,
+    seed: int = 0,
+    sharded: bool = False,
+    dit_dtype: torch.dtype | None = torch.bfloat16,
 ) -> Path:
     """Build `pipeline` and write it with the pipeline's own `save_pretrained`; returns `root`.
 
@@ -470,7 +492,26 @@ def write_hub_pipeline(
         pipeline: what to build.
         seed: seed of the transformer's weights (the VAE's is `seed + 1`).
         sharded: every model in shards of SHARD_SIZE with an index, as large Hub models are.
+        dit_dtype: the dtype the transformers are stored in, as a user gets them: each is read
+            back by diffusers' own `from_pretrained(torch_dtype=dit_dtype)` (which keeps the
+            class's `_keep_in_fp32_modules` in fp32) and written again by its `save_pretrained`
+            (FLUX.1-dev's transformer ships in bf16); None keeps them as built (fp32).
     """
     built = pipeline.build(seed)
-    built.save_pretrained(str(root), max_shard_size=SHARD_SIZE if sharded else None)
+    shard_size = SHARD_SIZE if sharded else None
+    built.save_pretrained(str(root), max_shard_size=shard_size)
+    if dit_dtype is not None:
+        dits = {"transformer": pipeline.dit, "transformer_2": pipeline.dit_2}
+        for name, dit in dits.items():
+            if dit is not None:
+                _resave(root / name, dit, dit_dtype, sharded=sharded)
     return root
+
+
+def _resave(folder: Path, dit: DiffusersDiT, dtype: torch.dtype, *, sharded: bool) -> None:
+    """Read the model at `folder` back in `dtype` with diffusers' own loading and write it
+    again in its place."""
+    model = dit.model_class().from_pretrained(str(folder), torch_dtype=dtype)
+    for old in folder.glob("*.safetensors*"):
+        old.unlink()
+    model.save_pretrained(str(folder), max_shard_size=SHARD_SIZE if sharded else "10GB")

@@ -126,17 +126,28 @@ def sees_zc3(loader: SeamLoader, folder: Path) -> bool:
 
 
 def direct_load_host_growth(
-    loader: SeamLoader, checkpoint: Path, config: DiTConfig, device: torch.device
-) -> tuple[int, tuple[str, ...]]:
-    """A direct load of a TinyDiT of `config` onto `device`: the peak anonymous host memory it
-    took above the process's state before it, and the device types its state ended on.
+    loader: SeamLoader,
+    checkpoint: Path,
+    config: DiTConfig,
+    device: torch.device,
+    *,
+    dtype: torch.dtype | None = None,
+) -> tuple[int, tuple[str, ...], int]:
+    """A direct load of a TinyDiT of `config` onto `device` (in precision `dtype`, if given):
+    the peak anonymous host memory it took above the process's state before it, the device
+    types its state ended on, and the bytes of its state as loaded.
     Module-level, so an isolated attempt (`reference.kit.isolated.attempt_with`) runs it in a
     fresh process, whose heap holds no memory freed by earlier tests that a load could reuse
     unseen."""
     plan = Plan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
     with PeakSampler() as host:
-        module, _ = loader.load_dit(
-            functools.partial(TinyDiT, config), checkpoint, plan=plan, kinds=LINEAR_KINDS
-        )
+        build = functools.partial(TinyDiT, config)
+        if dtype is None:
+            module, _ = loader.load_dit(build, checkpoint, plan=plan, kinds=LINEAR_KINDS)
+        else:
+            module, _ = loader.load_dit(
+                build, checkpoint, plan=plan, kinds=LINEAR_KINDS, dtype=dtype
+            )
     devices = sorted({t.device.type for t in [*module.parameters(), *module.buffers()]})
-    return host.anon_growth, tuple(devices)
+    model = sum(t.nbytes for t in module.state_dict().values())
+    return host.anon_growth, tuple(devices), model

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -92,6 +92,18 @@ class PipelineDiT(TinyDiT):
         super().__init__(config, quantization=quantization)
 
 
+class PipelineKeptDiT(PipelineDiT):
+    """The tiny DiT with modules its class keeps in fp32 whatever the precision, as diffusers'
+    `_keep_in_fp32_modules` (Wan keeps its norms and time embedder), and an integer persistent
+    buffer (PREC-2)."""
+
+    _keep_in_fp32_modules: ClassVar[list[str]] = ["norm1", "time_embed"]
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.register_buffer("positions", torch.arange(4))
+
+
 class PipelineRotaryDiT(RotaryDiT):
     """The tiny DiT with its rotary table computed in `__init__` (ZC-15), from config.json."""
 
@@ -118,7 +130,14 @@ class PipelineVAE(StandardVAE):
 
 MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
     cls.__name__: cls
-    for cls in (FakeVocoder, FakeBlock, PipelineDiT, PipelineRotaryDiT, PipelineVAE)
+    for cls in (
+        FakeVocoder,
+        FakeBlock,
+        PipelineDiT,
+        PipelineKeptDiT,
+        PipelineRotaryDiT,
+        PipelineVAE,
+    )
 }
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
 (`load_pipeline_component(..., models=MODEL_CLASSES)`), and what
@@ -136,6 +155,9 @@ class FakeComponent:
         quantization_config: written as config.json's "quantization_config" when given.
         shards: number of safetensors shards (1: a single file).
         seed: seed of the weights.
+        checkpoint_dtype: the dtype its floating tensors are saved in (integer and float8 ones
+            keep theirs), as a real checkpoint may differ from the dtype its class builds in
+            (FLUX.1-dev's transformer is stored in bf16); None saves them as built.
     """
 
     cls: type[nn.Module]
@@ -144,6 +166,7 @@ class FakeComponent:
     quantization_config: Mapping[str, Any] | None = None
     shards: int = 1
     seed: int = 0
+    checkpoint_dtype: torch.dtype | None = None
 
 
 def _stand_in(**config: Any) -> FakeComponent:
@@ -177,7 +200,14 @@ def write_component(root: Path, name: str, component: FakeComponent) -> dict[str
     generator = torch.Generator().manual_seed(component.seed)
     for key, value in state.items():
         if value.is_floating_point():
-            state[key] = torch.randn(value.shape, generator=generator).to(value.dtype)
+            saved = value.dtype
+            # Saved as diffusers saves a model it loaded in that dtype: the class's fp32 modules
+            # stay fp32, float8 keeps its dtype.
+            kept = getattr(component.cls, "_keep_in_fp32_modules", None) or []
+            in_kept = any(module in key.split(".") for module in kept)
+            if component.checkpoint_dtype is not None and value.element_size() > 1:
+                saved = torch.float32 if in_kept else component.checkpoint_dtype
+            state[key] = torch.randn(value.shape, generator=generator).to(saved)
     write_checkpoint(state, folder, shards=component.shards, stem="diffusion_pytorch_model")
     return state
 
@@ -210,18 +240,25 @@ def write_pipeline(
 
 # A pipeline of the real fakes: a DiT with zero-copy-eligible layers, a video VAE, a vocoder.
 SMALL_PIPELINE: Mapping[str, FakeComponent] = {
-    "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+    # Saved in bf16, as serving's DiT precision runs it: adopted under CPU offload (PREC-4).
+    "transformer": FakeComponent(
+        PipelineDiT, {"hidden": 32, "depth": 2}, seed=2, checkpoint_dtype=torch.bfloat16
+    ),
     "vae": FakeComponent(PipelineVAE, {}, shards=2, seed=3),
     "vocoder": FakeComponent(FakeVocoder, {"channels": 4, "upsample": 2}, seed=1),
 }
 
 
 def demo_pipeline(*, hidden: int = 1024, depth: int = 3) -> Mapping[str, FakeComponent]:
-    """The demo's pipeline: a DiT of about 8 * hidden^2 * depth float32 parameters (~100 MiB at
-    the defaults, in 2 shards) and a video VAE."""
+    """The demo's pipeline: a DiT of about 8 * hidden^2 * depth parameters saved in bf16 (~50 MiB
+    at the defaults, in 2 shards) and a video VAE in fp32."""
     return {
         "transformer": FakeComponent(
-            PipelineDiT, {"hidden": hidden, "depth": depth, "heads": 8}, shards=2, seed=2
+            PipelineDiT,
+            {"hidden": hidden, "depth": depth, "heads": 8},
+            shards=2,
+            seed=2,
+            checkpoint_dtype=torch.bfloat16,
         ),
         "vae": FakeComponent(PipelineVAE, {"hidden": 32, "groups": 8}, seed=3),
     }

@@ -29,6 +29,7 @@ from reference.args import (
     TP_FLAG,
     ServerArgs,
     component_flag,
+    normalise_component,
 )
 from reference.errors import (
     ArgumentError,
@@ -37,6 +38,7 @@ from reference.errors import (
 )
 from reference.pipeline import Pipeline, is_transformer_component
 from reference.platform import Platform
+from reference.precision import COMPONENT_PRECISIONS_FLAG
 from reference.quantization import QuantizationSpec
 
 __all__ = [
@@ -308,11 +310,30 @@ def check_pipeline(
     Raises:
         ComponentCheckpointUnsupportedError: listing every undeclared selection, or a quantized
             selection (DG-3).
+        ArgumentError: a precision override for an undeclared component (PREC-3).
     """
+    refuse_undeclared_precisions(args, declared)
     requests = direct_requests(args, declared)
     facts = Facts(args, tuple(declared), checkpoint_quantization=checkpoint_quantization or {})
     _consult(PIPELINE, requests, facts)
     return requests
+
+
+def refuse_undeclared_precisions(args: ServerArgs, declared: Sequence[str]) -> None:
+    """PREC-3: a precision override names a component the pipeline declares, as a direct-loading
+    selection must (ADM-1); an override that would apply to nothing is a mistake, not a no-op.
+
+    Raises:
+        ArgumentError: listing every undeclared override and the declared components.
+    """
+    known = {normalise_component(name) for name in declared}
+    unknown = sorted(name for name in args.component_precisions if name not in known)
+    if unknown:
+        flags = ", ".join(component_flag(COMPONENT_PRECISIONS_FLAG, name) for name in unknown)
+        raise ArgumentError(
+            f"{flags}: the pipeline declares no such component (model_index.json declares"
+            f" {', '.join(sorted(known)) or 'none'}); name a declared component or drop the flag"
+        )
 
 
 def check_arguments(

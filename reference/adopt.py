@@ -23,7 +23,7 @@ from torch import nn
 from reference.errors import StateMismatchError
 from reference.host_memory import COPY_FIX, refuse_beyond_host, slot_bytes
 from reference.modules import Slot, find_slots
-from reference.report import TensorRecord
+from reference.report import How, TensorRecord
 
 __all__ = [
     "ADOPT",
@@ -425,9 +425,9 @@ def load_full_state(
                 kept = keep_fresh(slot, tensor, load_device, as_is=as_is)
             new = steps.copy(slot, tensor, load_device) if kept is None else kept
         loaded[name] = new
-        records.append(
-            TensorRecord(name, "adopted" if verdict.adopt else "copied", new.nbytes, verdict.reason)
-        )
+        how: How = "adopted" if verdict.adopt else "copied"
+        converted = tensor.dtype if tensor.dtype != new.dtype else None
+        records.append(TensorRecord(name, how, new.nbytes, verdict.reason, converted, new.dtype))
         del read, tensor  # hold at most one transient tensor
     missing = sorted(set(slots) - set(loaded))
     if missing:

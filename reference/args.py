@@ -23,6 +23,16 @@ import torch
 from reference.errors import ArgumentError
 from reference.pipeline import is_transformer_component
 from reference.platform import Platform, default_runtime_device
+from reference.precision import (
+    COMPONENT_PRECISIONS_FLAG,
+    DEFAULT_DIT_PRECISION,
+    DEFAULT_VAE_PRECISION,
+    DIT_PRECISION_FLAG,
+    VAE_PRECISION_FLAG,
+    check_precision,
+    parse_precision,
+    precision_name,
+)
 from reference.quantization import QuantizationSpec
 
 __all__ = [
@@ -49,7 +59,7 @@ DEVICE_FLAG = "--device"
 
 SERIALIZED_FLAG = "--quantization-serialized"
 PROG = "python -m reference load"
-FlagKind = Literal["device", "bool", "component", "count", "method"]
+FlagKind = Literal["device", "bool", "component", "count", "method", "precision", "precisions"]
 _METAVARS: Mapping[FlagKind, str] = MappingProxyType(
     {
         "device": " DEVICE",
@@ -57,6 +67,8 @@ _METAVARS: Mapping[FlagKind, str] = MappingProxyType(
         "component": ".COMPONENT[=true|false]",
         "count": " N",
         "method": " METHOD",
+        "precision": " fp32|fp16|bf16",
+        "precisions": ".COMPONENT=fp32|fp16|bf16",
     }
 )
 
@@ -106,6 +118,14 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(FSDP_FLAG, "bool", "FSDP inference (the DiT is sharded by FSDP)"),
     Flag(TP_FLAG, "count", "tensor-parallel size (default 1)"),
+    Flag(DIT_PRECISION_FLAG, "precision", "dtype of every DiT component (default bf16)"),
+    Flag(VAE_PRECISION_FLAG, "precision", "dtype of the VAEs and the vocoder (default fp32)"),
+    Flag(
+        COMPONENT_PRECISIONS_FLAG,
+        "precisions",
+        "dtype of one component, over the two above (transformer_2, vae, ...)",
+        field="component_precisions",
+    ),
     Flag(QUANTIZATION_FLAG, "method", "quantize the DiT online, e.g. fp8 (classes built for it)"),
     Flag(SERIALIZED_FLAG, "bool", "the checkpoint is already stored in that format"),
 )
@@ -114,6 +134,8 @@ FLAGS: tuple[Flag, ...] = (
 # Per-component flags: `<prefix>.<component>`, and the ServerArgs field each one fills.
 COMPONENT_FLAGS = {flag.name: flag.field for flag in FLAGS if flag.field is not None}
 _FLAG_OF_FIELD = {value: key for key, value in COMPONENT_FLAGS.items()}
+# The per-component flags whose value is a precision (the others are true/false).
+_PRECISION_FIELDS = frozenset({"component_precisions"})
 _BOOL_WORDS = {"true": True, "false": False}
 
 
@@ -127,14 +149,16 @@ def component_flag(prefix: str, component: str) -> str:
     return f"{prefix}.{component}"
 
 
-def _component_map(field_name: str, raw: Mapping[str, bool]) -> Mapping[str, bool]:
-    """ARGS-4: non-empty names, real bools, one value per normalised name."""
+def _component_map(field_name: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """ARGS-4: non-empty names, real bools (real precisions for `component_precisions`,
+    PREC-3), one value per normalised name."""
     flag = _FLAG_OF_FIELD[field_name]
+    what = "a precision" if field_name in _PRECISION_FIELDS else "True/False"
     if not isinstance(raw, Mapping):
         raise ArgumentError(
-            f"{field_name} must map component names to True/False, got {type(raw).__name__}"
+            f"{field_name} must map component names to {what}, got {type(raw).__name__}"
         )
-    values: dict[str, bool] = {}
+    values: dict[str, Any] = {}
     spellings: dict[str, str] = {}
     for name, value in raw.items():
         if not isinstance(name, str) or not normalise_component(name).strip("_ "):
@@ -143,7 +167,9 @@ def _component_map(field_name: str, raw: Mapping[str, bool]) -> Mapping[str, boo
                 f" {component_flag(flag, 'vae')}"
             )
         key = normalise_component(name)
-        if type(value) is not bool:
+        if field_name in _PRECISION_FIELDS:
+            check_precision(f"{field_name}[{name!r}]", value)
+        elif type(value) is not bool:
             raise ArgumentError(
                 f"{field_name}[{name!r}] must be True or False, got {type(value).__name__}"
                 f" {value!r}; pass a real bool ({component_flag(flag, key)}=true on the command"
@@ -182,11 +208,15 @@ class ServerArgs:
         quantization: how the DiT is quantized, or None.
         direct_gpu_weight_loading: direct-GPU loading of every DiT component (DG-1, DG-7).
         component_direct_gpu_weight_loading: per-component direct-GPU loading (ARGS-1).
+        dit_precision: the dtype of every DiT component (PREC-1; default bfloat16).
+        vae_precision: the dtype of the VAEs and the vocoder (PREC-1; default float32).
+        component_precisions: per-component dtype (normalised name -> dtype), over the two
+            above.
 
     Raises:
         ArgumentError: for an empty component name, a value that is not a real bool (`"true"`
-            and `1` are refused), two spellings of one component with different values, or a
-            tp_size below 1.
+            and `1` are refused), two spellings of one component with different values, a
+            tp_size below 1, or a precision that is not float32, float16 or bfloat16.
     """
 
     runtime_device: torch.device | None = None
@@ -198,6 +228,9 @@ class ServerArgs:
     quantization: QuantizationSpec | None = None
     direct_gpu_weight_loading: bool = False
     component_direct_gpu_weight_loading: Mapping[str, bool] = field(default_factory=dict)
+    dit_precision: torch.dtype = DEFAULT_DIT_PRECISION
+    vae_precision: torch.dtype = DEFAULT_VAE_PRECISION
+    component_precisions: Mapping[str, torch.dtype] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.runtime_device is not None and not isinstance(self.runtime_device, torch.device):
@@ -214,6 +247,8 @@ class ServerArgs:
             raise ArgumentError(
                 f"quantization must be a QuantizationSpec or None, got {self.quantization!r}"
             )
+        check_precision("dit_precision", self.dit_precision)
+        check_precision("vae_precision", self.vae_precision)
         for name in COMPONENT_FLAGS.values():
             object.__setattr__(self, name, _component_map(name, getattr(self, name)))
 
@@ -260,6 +295,24 @@ class ServerArgs:
                 f"{component_flag(COMPONENT_OFFLOAD_FLAG, key)}={self.component_cpu_offload[key]}"
             )
         return DIT_OFFLOAD_FLAG
+
+    def precision_for(self, name: str) -> torch.dtype:
+        """PREC-1: the dtype component `name` is built in: its own entry of
+        `component_precisions`, else `dit_precision` for a DiT component, else `vae_precision`
+        (the VAEs and the vocoder)."""
+        key = normalise_component(name)
+        if key in self.component_precisions:
+            return self.component_precisions[key]
+        return self.dit_precision if is_transformer_component(key) else self.vae_precision
+
+    def precision_flag(self, name: str) -> str:
+        """The option that sets component `name`'s precision, with its value (for messages)."""
+        key = normalise_component(name)
+        value = precision_name(self.precision_for(key))
+        if key in self.component_precisions:
+            return f"{component_flag(COMPONENT_PRECISIONS_FLAG, key)}={value}"
+        flag = DIT_PRECISION_FLAG if is_transformer_component(key) else VAE_PRECISION_FLAG
+        return f"{flag} {value}"
 
     def is_layerwise_offloaded(self, name: str) -> bool:
         """Whether component `name` streams its layers from CPU (DiT components only)."""
@@ -358,6 +411,16 @@ def _bool_type(flag: str) -> Any:
     return convert
 
 
+def _precision_type(flag: str) -> Any:
+    def convert(value: str) -> torch.dtype:
+        try:
+            return parse_precision(flag, value)
+        except ArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
 def _device(value: str) -> torch.device:
     try:
         return torch.device(value)
@@ -388,6 +451,8 @@ def _parser() -> Parser:
             parser.add_argument(*names, type=_tp_size, default=1)
         elif flag.kind == "method":
             parser.add_argument(*names, default=None)
+        elif flag.kind == "precision":
+            parser.add_argument(*names, type=_precision_type(flag.name), default=None)
     return parser
 
 
@@ -417,7 +482,7 @@ def _component_prefix(token: str) -> tuple[str, str] | None:
 
 def extract_component_flags(
     argv: Sequence[str],
-) -> tuple[dict[str, dict[str, bool]], list[str]]:
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """ARGS-1..3: pull the per-component flags out of `argv`.
 
     Returns:
@@ -425,9 +490,10 @@ def extract_component_flags(
 
     Raises:
         ArgumentError: for an empty component name, a value that is not true/false (an empty
-            one included), or one component given different values (in any spelling).
+            one included; for a precision flag, one that is not fp32, fp16 or bf16, PREC-3), or
+            one component given different values (in any spelling).
     """
-    values: dict[str, dict[str, bool]] = {name: {} for name in COMPONENT_FLAGS.values()}
+    values: dict[str, dict[str, Any]] = {name: {} for name in COMPONENT_FLAGS.values()}
     spelled: dict[tuple[str, str], str] = {}
     remaining: list[str] = []
     i = 0
@@ -444,18 +510,21 @@ def extract_component_flags(
         prefix, raw = found
         key, eq, value = token.partition("=")
         component = normalise_component(raw)
+        field_name = COMPONENT_FLAGS[prefix]
+        precision = field_name in _PRECISION_FIELDS
         if not component.strip("_"):
+            example = "bf16" if precision else "true"
             raise ArgumentError(
                 f"{key}: the component name is empty; write {component_flag(prefix, '<component>')}"
-                f", as in {component_flag(prefix, 'vae')}=true"
+                f", as in {component_flag(prefix, 'vae')}={example}"
             )
         if not eq:
-            value = "true"
+            value = "" if precision else "true"  # a precision has no implicit value
             if i < len(argv) and not argv[i].startswith("-"):
                 value = argv[i]
                 i += 1
-        parsed = parse_bool(key, value)
-        target = values[COMPONENT_FLAGS[prefix]]
+        parsed: object = parse_precision(key, value) if precision else parse_bool(key, value)
+        target = values[field_name]
         if component in target and target[component] != parsed:
             raise ArgumentError(
                 f"{spelled[prefix, component]} and {key}={value} give component {component!r}"
@@ -501,5 +570,8 @@ def parse_args(argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
         quantization=quantization,
         direct_gpu_weight_loading=namespace.direct_gpu_weight_loading,
         component_direct_gpu_weight_loading=components["component_direct_gpu_weight_loading"],
+        dit_precision=namespace.dit_precision or DEFAULT_DIT_PRECISION,
+        vae_precision=namespace.vae_precision or DEFAULT_VAE_PRECISION,
+        component_precisions=components["component_precisions"],
     )
     return args, remaining

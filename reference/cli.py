@@ -38,6 +38,7 @@ from reference.loaders import LoadedComponent
 from reference.memory import STATUS, PeakSampler, can_measure
 from reference.pipeline import MODEL_CLASSES, ModelRegistry, read_pipeline
 from reference.platform import SYSTEM, Platform
+from reference.precision import precision_name
 
 __all__ = [
     "DEBUG_FLAG",
@@ -56,8 +57,9 @@ __all__ = [
 
 MIB = 1024 * 1024
 HEADER = (
-    f"{'component':<14} {'load':<7} {'post':<7} {'defer':<5} {'direct':<6} {'adopted MiB':>11} "
-    f"{'copied MiB':>10} {'streamed MiB':>12} {'time s':>7} {'peak anon MiB':>13}"
+    f"{'component':<14} {'dtype':<5} {'load':<7} {'post':<7} {'defer':<5} {'direct':<6}"
+    f" {'adopted MiB':>11} {'copied MiB':>10} {'streamed MiB':>12} {'time s':>7}"
+    f" {'peak anon MiB':>13}"
 )
 
 
@@ -73,8 +75,9 @@ class Row:
         peak = "-" if self.peak_anon_bytes is None else f"{self.peak_anon_bytes / MIB:.1f}"
         plan = report.plan
         post = str(plan.weight_postprocess_device or "-")
+        dtype = "-" if report.precision is None else precision_name(report.precision)
         return (
-            f"{report.component:<14} {plan.checkpoint_load_device!s:<7} {post:<7} "
+            f"{report.component:<14} {dtype:<5} {plan.checkpoint_load_device!s:<7} {post:<7} "
             f"{'yes' if plan.defer_cpu_offload else 'no':<5} "
             f"{'yes' if plan.load_full_state_dict_on_device else 'no':<6} "
             f"{report.adopted.bytes / MIB:>11.1f} {report.copied.bytes / MIB:>10.1f} "
@@ -262,6 +265,16 @@ def load_command(
         print(HEADER)
         for row in rows:
             print(row.format())
+        converted = [
+            f"{row.loaded.name:<14} {precision_name(source)} -> {precision_name(target)}:"
+            f" {tally.tensors} tensors, {tally.bytes / MIB:.1f} MiB"
+            for row in rows
+            for (source, target), tally in row.loaded.report.conversions.items()
+        ]
+        if converted:
+            print("\nconverted (checkpoint dtype -> component dtype, once per tensor):")
+            for line in converted:
+                print(line)
         notes = [(row.loaded.name, note) for row in rows for note in row.loaded.report.notes]
         if notes:
             print("\nnotes:")

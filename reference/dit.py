@@ -48,6 +48,7 @@ from reference.modules import (
 from reference.plan import WeightLoadPlan
 from reference.pool import PooledReader
 from reference.postload import effective_plan, offload_to_cpu, process_weights
+from reference.precision import cast_slots
 from reference.quantization import QuantizationSpec
 from reference.reading import ReadOptions, pool_options, prefetch_workers
 from reference.report import LoadReport
@@ -84,7 +85,9 @@ def check_names(
         )
 
 
-def build_dit(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
+def build_dit(
+    build: Callable[[], nn.Module], *, component: str, dtype: torch.dtype | None = None
+) -> nn.Module:
     """Construct the DiT as the VAE is constructed (reference.modules.build_on_meta): parameters and
     persistent buffers go to `meta` as they are registered, while non-persistent buffers
     (rotary tables, index ranges) are computed for real on the default device, as an ordinary
@@ -97,11 +100,16 @@ def build_dit(build: Callable[[], nn.Module], *, component: str) -> nn.Module:
     registers it, so a build under a CUDA device would book every parameter on the device once
     more before it went to meta (DG-5 counts device allocations).
 
+    With `dtype`, the slots are then given the component's precision on meta
+    (`reference.precision.cast_slots`: PREC-1, PREC-2).
+
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
     """
     module = build_on_meta(build, component=component)
     refuse_unrebuildable_buffers(module, component=component)
+    if dtype is not None:
+        cast_slots(module, dtype)
     return module
 
 
@@ -217,6 +225,7 @@ def load_dit(
     reading: ReadOptions | None = None,
     steps: DiTSteps = REFERENCE_DIT_STEPS,
     host_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a DiT component as `plan` says and report what happened to each tensor.
 
@@ -248,6 +257,10 @@ def load_dit(
             `prefetch` populates a zero-copy load's maps in the background (the load does not
             wait for it).
         steps: the steps of the load (see `DiTSteps`); the reference's by default.
+        dtype: the component's precision (PREC-1): its slots are given this dtype on meta,
+            before any tensor is read, except modules the class keeps in fp32 and integer or
+            float8 slots (PREC-2, `reference.precision.cast_slots`); a checkpoint tensor of
+            another dtype is converted once (PREC-4). None keeps the dtypes the build gives.
         host_bytes: the host memory the load may take (default: what the host has available,
             `reference.host_memory.available_host_bytes`). A load onto the CPU that would copy
             more than this is refused before it allocates: with `adopt=False` from the headers,
@@ -273,7 +286,7 @@ def load_dit(
             refuse_beyond_host(
                 component, opened.total_bytes, available=host_bytes, what=what, fix=COPY_FIX
             )
-    module = build_dit(build, component=component)
+    module = build_dit(build, component=component, dtype=dtype)
     steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
     direct = plan.load_full_state_dict_on_device
     if steps.reader is not None:
@@ -341,6 +354,7 @@ def load_dit(
         seconds=time.perf_counter() - started,
         events=tuple(events),
         notes=skipped_notes(opened.skipped),
+        precision=dtype,
     )
     # In eval mode, as diffusers' from_pretrained returns a model.
     return module.eval(), report

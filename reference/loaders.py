@@ -47,6 +47,7 @@ from reference.pipeline import (
 )
 from reference.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.platform import SYSTEM, Platform
+from reference.precision import cast_slots
 from reference.quantization import QuantizationSpec, requires_device_weight_processing
 from reference.report import LoadReport, TensorRecord
 
@@ -104,6 +105,7 @@ class LoadRequest:
         fsdp: the component is sharded with FSDP.
         quantization: the quantization in force (after overrides), or None.
         plan: the weight-load plan.
+        dtype: the component's precision (PREC-1, `ServerArgs.precision_for`).
     """
 
     component: ComponentSpec
@@ -112,6 +114,7 @@ class LoadRequest:
     fsdp: bool
     quantization: QuantizationSpec | None
     plan: WeightLoadPlan
+    dtype: torch.dtype
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ class ComponentLoader(ABC):
             fsdp=fsdp,
             quantization=quantization,
             plan=self.plan_for(component, args, quantization=quantization, direct=direct),
+            dtype=args.precision_for(component.name),
         )
         start = time.perf_counter()
         try:
@@ -187,6 +191,7 @@ class ComponentLoader(ABC):
             records=tuple(records),
             seconds=time.perf_counter() - start,
             notes=skipped_notes(hidden_files(component.folder)),
+            precision=request.dtype,
         )
         return LoadedComponent(component.name, module, report)
 
@@ -295,7 +300,16 @@ def load_state_ordinarily(
         module.load_state_dict(state, strict=True)
     finally:
         reader.close()
-    return [TensorRecord(name, "copied", t.numel() * t.element_size()) for name, t in state.items()]
+    return [
+        TensorRecord(
+            name,
+            "copied",
+            expected[name].numel() * expected[name].element_size(),
+            converted_from=t.dtype if t.dtype != expected[name].dtype else None,
+            dtype=expected[name].dtype,
+        )
+        for name, t in state.items()
+    ]
 
 
 def load_ordinarily(
@@ -312,6 +326,7 @@ def load_ordinarily(
     parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path)."""
     spec = request.component
     module = build() if build is not None else build_module(registry, spec)
+    cast_slots(module, request.dtype)  # PREC-1, PREC-2: the real slots, converted before loading
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
     return module.to(target).eval(), records

@@ -174,6 +174,7 @@ class TransformerLoader(ComponentLoader):
             quantization=request.quantization,
             fsdp=request.fsdp,
             component=spec.name,
+            dtype=request.dtype,
         )
         return module, list(report.records)  # load_dit returns it in eval mode
 
@@ -220,5 +221,6 @@ class VAELoader(ComponentLoader):
             component=spec.name,
             config=spec.config,
             quantization=request.quantization,
+            dtype=request.dtype,
         )
         return module, list(report.records)  # load_vae returns it in eval mode

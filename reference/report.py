@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+import torch
+
 from reference.plan import WeightLoadPlan
 
 # adopted: the checkpoint tensor became the parameter's storage (no copy)
@@ -28,12 +30,17 @@ class TensorRecord:
         how: adopted, copied or streamed.
         nbytes: bytes of the resulting tensor.
         reason: for a copy, the first failing zero-copy condition (e.g. "ZC-5: tp_size is 2").
+        converted_from: the checkpoint's dtype where it differed from the slot's, so the tensor
+            was converted once into the slot's dtype (PREC-4); None where it kept its dtype.
+        dtype: the dtype of the resulting tensor (None where the loader does not say).
     """
 
     name: str
     how: How
     nbytes: int
     reason: str | None = None
+    converted_from: torch.dtype | None = None
+    dtype: torch.dtype | None = None
 
 
 class Tally(NamedTuple):
@@ -46,7 +53,8 @@ class Tally(NamedTuple):
 @dataclass(frozen=True)
 class LoadReport:
     """Per-component summary of one load; `notes` are what a user should know that is not a
-    refusal (files of the folder that were not read)."""
+    refusal (files of the folder that were not read); `precision` is the dtype the component
+    was built in (PREC-6; None where the load asked for none: the build's own dtypes)."""
 
     component: str
     plan: WeightLoadPlan
@@ -54,6 +62,7 @@ class LoadReport:
     seconds: float = 0.0
     events: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    precision: torch.dtype | None = None
 
     def _count(self, how: How) -> Tally:
         chosen = [r for r in self.records if r.how == how]
@@ -73,6 +82,19 @@ class LoadReport:
     def streamed(self) -> Tally:
         """Tensors and bytes streamed into slots."""
         return self._count("streamed")
+
+    @property
+    def conversions(self) -> dict[tuple[torch.dtype, torch.dtype], Tally]:
+        """PREC-6: tensors and bytes (of the result) converted, by (checkpoint dtype, slot
+        dtype)."""
+        found: dict[tuple[torch.dtype, torch.dtype], list[TensorRecord]] = {}
+        for record in self.records:
+            if record.converted_from is not None and record.dtype is not None:
+                found.setdefault((record.converted_from, record.dtype), []).append(record)
+        return {
+            pair: Tally(len(chosen), sum(r.nbytes for r in chosen))
+            for pair, chosen in found.items()
+        }
 
     @property
     def refusals(self) -> dict[str, str]:

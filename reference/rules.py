@@ -154,6 +154,45 @@ RULES: tuple[Rule, ...] = (
         BEYOND,
         "Buffers stay buffers: persistent ones hold the checkpoint, others their constructed value",
     ),
+    # PREC: precision, the dtype each component computes in
+    Rule(
+        "PREC-1",
+        MUST,
+        UPSTREAM,
+        "Each component is built in its precision: a bf16 DiT and an fp32 VAE by default,"
+        " exact per-component overrides",
+    ),
+    Rule(
+        "PREC-2",
+        MUST,
+        BEYOND,
+        "Modules the class keeps in fp32 stay fp32; integer and float8 slots keep their dtype",
+    ),
+    Rule(
+        "PREC-3",
+        MUST,
+        UPSTREAM,
+        "Unknown precisions, empty components and overrides for undeclared components are"
+        " refused before any read",
+    ),
+    Rule(
+        "PREC-4",
+        MUST,
+        BEYOND,
+        "A tensor in its slot's dtype is adopted; any other is converted once, no intermediate",
+    ),
+    Rule(
+        "PREC-5",
+        MUST,
+        BEYOND,
+        "Direct and streaming modes convert per tensor: peak within the model plus one tensor",
+    ),
+    Rule(
+        "PREC-6",
+        SHOULD,
+        BEYOND,
+        "The load report states each component's precision and its conversions, from -> to",
+    ),
     # DG: opt-in direct-GPU loading of the DiT
     Rule(
         "DG-1",

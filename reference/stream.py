@@ -167,5 +167,7 @@ def stream(
         filled[name] = fill(reader, slots[name], device=device)
         conversion = plan.conversions.get(name)
         reason = f"dtype {conversion[0]} converted to {conversion[1]}" if conversion else None
-        records.append(TensorRecord(name, "streamed", filled[name].nbytes, reason))
+        tensor = filled[name]
+        source = conversion[0] if conversion else None
+        records.append(TensorRecord(name, "streamed", tensor.nbytes, reason, source, tensor.dtype))
     return tuple(records), filled

@@ -49,6 +49,7 @@ from reference.modules import (
 )
 from reference.plan import WeightLoadPlan
 from reference.pool import PooledReader
+from reference.precision import cast_slots
 from reference.quantization import QuantizationSpec
 from reference.reading import ReadOptions, pool_options
 from reference.report import LoadReport, TensorRecord
@@ -186,6 +187,7 @@ def load_vae(
     reading: ReadOptions | None = None,
     steps: VAESteps = REFERENCE_VAE_STEPS,
     host_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
 
@@ -209,6 +211,10 @@ def load_vae(
             is needed, so memory holds the module and at most the window.
         steps: the steps of the load (see `VAESteps`); the reference's by default.
         host_bytes: the host memory the load may take (default: what the host has available).
+        dtype: the component's precision (PREC-1): the slots are given it on meta before the
+            preflight (fp32-kept modules, integer and float8 slots aside: PREC-2); each tensor
+            of another dtype is converted once, on `device`, as it streams (PREC-4, PREC-5).
+            None keeps the dtypes the build gives.
             A CPU load whose slots need more is refused after the preflight, before any tensor
             is read.
 
@@ -229,6 +235,8 @@ def load_vae(
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
     module = steps.build(build, component=component)
+    if dtype is not None:
+        cast_slots(module, dtype)
     steps.refuse_buffers(module, component=component)
     if decode_dtype is not None:
         require_decode_dtype_support(module, decode_dtype, component=component)
@@ -261,4 +269,6 @@ def load_vae(
     module.eval()
     seconds = time.perf_counter() - start
     notes = skipped_notes(checkpoint.skipped)
-    return module, LoadReport(component, load_plan, records, seconds, events, notes)
+    return module, LoadReport(
+        component, load_plan, records, seconds, events, notes, precision=dtype
+    )

@@ -66,6 +66,13 @@ from reference.kit.fakes.broken.plans import (
     ProcessesSerializedCheckpoints,
     UnvalidatedPlans,
 )
+from reference.kit.fakes.broken.precision import (
+    AcceptsUndeclaredPrecisions,
+    BuildsInTheClassDtype,
+    CastsFp32ModulesToo,
+    ConvertsTheWholeStateFirst,
+    CopiesWhenAPrecisionIsGiven,
+)
 from reference.kit.fakes.broken.vae import (
     BuildsBuffersOnMeta,
     CpuStreamKeepsFileViews,
@@ -141,6 +148,12 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     BuffersBecomeParameters,
     LeavesDitTraining,
     LeavesAdoptedTrainable,
+    # precision
+    BuildsInTheClassDtype,
+    CastsFp32ModulesToo,
+    AcceptsUndeclaredPrecisions,
+    CopiesWhenAPrecisionIsGiven,
+    ConvertsTheWholeStateFirst,
     # direct VAE loading
     ReadsWholeVaeCheckpoint,
     ChecksOnlyStateDict,

@@ -149,6 +149,7 @@ class FolderPolicy(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         return super().load_dit(
             build,
@@ -158,6 +159,7 @@ class FolderPolicy(BrokenAdapter):
             quantization=quantization,
             fsdp=fsdp,
             component=component,
+            dtype=dtype,
         )
 
     def load_vae(
@@ -171,6 +173,7 @@ class FolderPolicy(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.nn.Module, LoadReport]:
         return super().load_vae(
             build,
@@ -181,6 +184,7 @@ class FolderPolicy(BrokenAdapter):
             quantization=quantization,
             decode_dtype=decode_dtype,
             channels_last_3d=channels_last_3d,
+            dtype=dtype,
         )
 
     def check_device_memory(
@@ -326,6 +330,7 @@ class ReadsDotfilesAsShards(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         merged = with_dotfiles(_path(checkpoint))
         steps = self.dit_steps(plan, fsdp=fsdp)
@@ -347,6 +352,7 @@ class ReadsDotfilesAsShards(BrokenAdapter):
             fsdp=fsdp,
             component=component,
             steps=steps,
+            dtype=dtype,
         )
 
     def load_vae(
@@ -360,6 +366,7 @@ class ReadsDotfilesAsShards(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.nn.Module, LoadReport]:
         merged = with_dotfiles(_path(checkpoint))
         steps = self.vae_steps()
@@ -382,4 +389,5 @@ class ReadsDotfilesAsShards(BrokenAdapter):
             decode_dtype=decode_dtype,
             channels_last_3d=channels_last_3d,
             steps=steps,
+            dtype=dtype,
         )

@@ -86,6 +86,7 @@ class DiTDefect(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         module, report = super().load_dit(
             build,
@@ -95,6 +96,7 @@ class DiTDefect(BrokenAdapter):
             quantization=quantization,
             fsdp=fsdp,
             component=component,
+            dtype=dtype,
         )
         self.after(module, report)
         return module, report
@@ -325,6 +327,7 @@ class MapsFilesInDirectModeOnCpu(DiTDefect):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         if plan.load_full_state_dict_on_device and plan.checkpoint_load_device.type == "cpu":
             plan = self.default_plan(plan.checkpoint_load_device)
@@ -336,6 +339,7 @@ class MapsFilesInDirectModeOnCpu(DiTDefect):
             quantization=quantization,
             fsdp=fsdp,
             component=component,
+            dtype=dtype,
         )
 
 
@@ -377,6 +381,7 @@ class IgnoresFsdp(DiTDefect):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         return super().load_dit(
             build,
@@ -385,6 +390,7 @@ class IgnoresFsdp(DiTDefect):
             kinds=kinds,
             quantization=quantization,
             component=component,
+            dtype=dtype,
         )
 
 
@@ -407,6 +413,7 @@ class FallsBackToUnquantized(DiTDefect):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         try:
             return super().load_dit(
@@ -417,11 +424,18 @@ class FallsBackToUnquantized(DiTDefect):
                 quantization=quantization,
                 fsdp=fsdp,
                 component=component,
+                dtype=dtype,
             )
         except QuantizationLoadError:
             unquantized = self.default_plan(plan.checkpoint_load_device)
             return super().load_dit(
-                build, checkpoint, plan=unquantized, kinds=kinds, fsdp=fsdp, component=component
+                build,
+                checkpoint,
+                plan=unquantized,
+                kinds=kinds,
+                fsdp=fsdp,
+                component=component,
+                dtype=dtype,
             )
 
 

@@ -81,6 +81,7 @@ class VAEDefect(BrokenAdapter):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         options = self.options(
             {
@@ -90,6 +91,7 @@ class VAEDefect(BrokenAdapter):
                 "quantization": quantization,
                 "decode_dtype": decode_dtype,
                 "channels_last_3d": channels_last_3d,
+                "dtype": dtype,
             }
         )
         module, report = super().load_vae(build, checkpoint, **options)
@@ -306,6 +308,7 @@ class FallsBackForQuantizedVae(VAEDefect):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         try:
             return super().load_vae(
@@ -317,6 +320,7 @@ class FallsBackForQuantizedVae(VAEDefect):
                 quantization=quantization,
                 decode_dtype=decode_dtype,
                 channels_last_3d=channels_last_3d,
+                dtype=dtype,
             )
         except ComponentCheckpointUnsupportedError:
             module = build()

@@ -255,16 +255,17 @@ def ddit_zero_copy(job: Job) -> Loaded:
     from reference.args import ServerArgs
     from reference.model_loaders import TransformerLoader
 
-    args = ServerArgs(runtime_device=CPU, dit_cpu_offload=True)
+    args = ServerArgs(runtime_device=CPU, dit_cpu_offload=True, dit_precision=torch.bfloat16)
     loaded = TransformerLoader().load(diffusers_transformer(job), args)
     return from_report(loaded.module, loaded.report)
 
 
 def ddit_from_pretrained(job: Job) -> Loaded:
-    """diffusers' own `from_pretrained` of the same folder, with its defaults."""
+    """diffusers' own `from_pretrained` of the same folder, in the same precision (bf16)."""
     diffusers = importlib.import_module("diffusers")  # the [diffusers] extra; untyped
     spec = diffusers_transformer(job)
-    module: nn.Module = getattr(diffusers, spec.class_name).from_pretrained(str(spec.folder))
+    cls = getattr(diffusers, spec.class_name)
+    module: nn.Module = cls.from_pretrained(str(spec.folder), torch_dtype=torch.bfloat16)
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
 
 

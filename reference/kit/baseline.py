@@ -29,7 +29,7 @@ from torch import nn
 from reference.adopt import LinearKinds, Verdict
 from reference.errors import StateMismatchError
 from reference.kit.reference_adapter import ReferencePlans
-from reference.kit.seam import VAE_STREAM, ZERO_COPY, PlanLike
+from reference.kit.seam import VAE_STREAM, ZERO_COPY, PlanLike, Unsupported
 from reference.plan import WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec
@@ -46,6 +46,13 @@ __all__ = [
 
 CPU = torch.device("cpu")
 INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def refuse_precision(dtype: torch.dtype | None) -> None:
+    """Plain PyTorch loading has no precision setting: it loads in the dtypes the model builds
+    (a test that asks for one is skipped, and its rule not credited)."""
+    if dtype is not None:
+        raise Unsupported("plain PyTorch loading builds the model in its own dtypes")
 
 
 def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
@@ -126,7 +133,9 @@ class PlainLoadStateDict(ReferencePlans):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
+        refuse_precision(dtype)
         device = plan.checkpoint_load_device
         state = load_file(checkpoint, device)
         module = self.build(build)
@@ -149,7 +158,9 @@ class PlainLoadStateDict(ReferencePlans):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
+        refuse_precision(dtype)
         state = load_file(checkpoint, device if self.assign else CPU)
         module = self.build(build)
         plan = WeightLoadPlan(checkpoint_load_device=device)

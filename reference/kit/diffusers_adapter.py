@@ -202,6 +202,7 @@ class DiffusersLoader:
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         """from_pretrained's steps with `device_map={"": device}` and `low_cpu_mem_usage=True`.
 
@@ -248,7 +249,7 @@ class DiffusersLoader:
             keys,
             low_cpu_mem_usage=True,
             device_map=device_map,
-            dtype=None,
+            dtype=dtype,
             keep_in_fp32_modules=[] if keep_fp32 is None else list(keep_fp32),
         )
         model, _missing, _unexpected, _mismatched, offload_index, _errors = loaded

@@ -38,6 +38,7 @@ from reference.kit.seam import (
     VAE_STREAM,
     ZERO_COPY,
     PlanLike,
+    Precisions,
 )
 from reference.platform import Platform
 from reference.postload import OffloadOptions
@@ -149,6 +150,7 @@ class ReferenceAdapter(ReferencePlans):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         return dit.load_dit(
             build,
@@ -158,6 +160,7 @@ class ReferenceAdapter(ReferencePlans):
             quantization=quantization,
             fsdp=fsdp,
             component=component,
+            dtype=dtype,
             steps=self.dit_steps(plan, fsdp=fsdp),
         )
 
@@ -205,6 +208,7 @@ class ReferenceAdapter(ReferencePlans):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.nn.Module, LoadReport]:
         return vae_mod.load_vae(
             build,
@@ -215,6 +219,7 @@ class ReferenceAdapter(ReferencePlans):
             quantization=quantization,
             decode_dtype=decode_dtype,
             channels_last_3d=channels_last_3d,
+            dtype=dtype,
             steps=self.vae_steps(),
         )
 
@@ -234,7 +239,15 @@ class ReferenceAdapter(ReferencePlans):
         quantization: QuantizationSpec | None = None,
         direct_gpu_weight_loading: bool = False,
         component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+        precisions: Precisions | None = None,
     ) -> args_mod.ServerArgs:
+        dtypes: dict[str, Any] = {}
+        if precisions is not None:
+            dtypes = {
+                "dit_precision": precisions.dit,
+                "vae_precision": precisions.vae,
+                "component_precisions": precisions.components,
+            }
         return args_mod.ServerArgs(
             runtime_device=runtime_device,
             dit_cpu_offload=dit_cpu_offload,
@@ -245,6 +258,7 @@ class ReferenceAdapter(ReferencePlans):
             quantization=quantization,
             direct_gpu_weight_loading=direct_gpu_weight_loading,
             component_direct_gpu_weight_loading=component_direct_gpu_weight_loading or {},
+            **dtypes,
         )
 
     def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:
@@ -266,7 +280,10 @@ class ReferenceAdapter(ReferencePlans):
         platform: Platform,
         models: Mapping[str, type[nn.Module]] | None = None,
     ) -> torch.nn.Module:
-        spec = pipeline_mod.read_pipeline(pipeline_dir).component(component)
+        pipeline = pipeline_mod.read_pipeline(pipeline_dir)
+        # PREC-3 needs the pipeline's declared components, as `load_pipeline`'s admission has.
+        admission.refuse_undeclared_precisions(own_server_args(args), pipeline.names)
+        spec = pipeline.component(component)
         registry = pipeline_mod.ModelRegistry()
         for class_name, cls in (models or {}).items():
             registry.register(cls, name=class_name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,6 +67,7 @@ __all__ = [
     "PlanLike",
     "Plans",
     "Platform",
+    "Precisions",
     "QuantizationSpec",
     "SeamLoader",
     "ServerArgsLike",
@@ -122,6 +123,19 @@ class Plan:
     weight_postprocess_device: torch.device | None = None
     defer_cpu_offload: bool = False
     load_full_state_dict_on_device: bool = False
+
+
+@dataclass(frozen=True)
+class Precisions:
+    """The dtype of each component, as a test hands it to a loader (PREC-1): every DiT
+    component in `dit`, every other component the loader loads (VAEs, vocoder) in `vae`, and
+    `components` over both, by component name. A test about precision always passes one, so
+    no test needs a loader's defaults to judge it (the defaults are judged from the command
+    line, `parse_server_args([])`)."""
+
+    dit: torch.dtype
+    vae: torch.dtype
+    components: Mapping[str, torch.dtype] = field(default_factory=dict)
 
 
 class Unsupported(NotImplementedError):
@@ -223,10 +237,15 @@ class _DiTLoading(Protocol):
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         """Build the DiT on meta (parameters and persistent buffers; non-persistent buffers as
         construction makes them), load the checkpoint as `plan` says, post-process, maybe defer
-        the offload. Returns the module ready for inference (OUT-1) and its report."""
+        the offload. Returns the module ready for inference (OUT-1) and its report.
+
+        `dtype`: the component's precision (PREC-1): every floating slot in it, except the
+        class's fp32-kept modules and integer or float8 slots (PREC-2); None keeps the dtypes
+        the build gives."""
         ...
 
 
@@ -307,11 +326,12 @@ class VaeStream(Protocol):
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         """Direct VAE load: `build()` with parameters and persistent buffers on `meta`,
         headers checked against the slots before any tensor data is read, tensors streamed one
         at a time into their slots on `device`, converted to each slot's dtype. The report holds
-        one "streamed" record per tensor."""
+        one "streamed" record per tensor. `dtype` as `load_dit`'s (PREC-1, PREC-2)."""
         ...
 
 
@@ -328,8 +348,10 @@ class _ServerArgsFactory(Protocol):
         quantization: QuantizationSpec | None = None,
         direct_gpu_weight_loading: bool = False,
         component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+        precisions: Precisions | None = None,
     ) -> ServerArgsLike:
-        """Loading options built in code; validated like the command line (ARGS-4)."""
+        """Loading options built in code; validated like the command line (ARGS-4).
+        `precisions` None keeps the loader's own defaults (PREC-1)."""
         ...
 
 

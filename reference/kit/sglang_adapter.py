@@ -81,6 +81,7 @@ from reference.kit.seam import (
     OffloadOptions,
     PlanLike,
     Platform,
+    Precisions,
     QuantizationSpec,
     ServerArgsLike,
     TensorRecord,
@@ -366,6 +367,22 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 # --- checkpoints ----------------------------------------------------------------------------------
 
 
+_UPSTREAM_PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _precision_fields(precisions: Precisions | None) -> dict[str, Any]:
+    """The suite's precisions as sglang's own ServerArgs fields (none: its defaults)."""
+    if precisions is None:
+        return {}
+    return {
+        "dit_precision": _UPSTREAM_PRECISION[precisions.dit],
+        "vae_precision": _UPSTREAM_PRECISION[precisions.vae],
+        "component_precisions": {
+            name: _UPSTREAM_PRECISION[dtype] for name, dtype in precisions.components.items()
+        },
+    }
+
+
 def _index_in(folder: Path) -> Path | None:
     indexes = sorted(folder.glob(f"*{INDEX_SUFFIX}"))
     return indexes[0] if indexes else None
@@ -577,6 +594,7 @@ class SglangLoader:
         quantization: QuantizationSpec | None = None,
         fsdp: bool = False,
         component: str = "transformer",
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         """`maybe_load_fsdp_model` with the plan, as sglang's transformer loader calls it.
 
@@ -586,6 +604,11 @@ class SglangLoader:
         this function (transformer_loader.py:507-513); that refusal runs in `admit` here only
         through the arguments gate, as sglang keeps it inside `load_customized`.
         """
+        if dtype is not None:
+            raise Unsupported(
+                "sglang's full-state loader takes the DiT's precision from its server args"
+                " (--dit-precision), which this call does not build; the pipeline path maps it"
+            )
         lib = self.lib
         real = self._plan(plan)
         files = self._weight_files(checkpoint)
@@ -701,6 +724,7 @@ class SglangLoader:
         quantization: QuantizationSpec | None = None,
         decode_dtype: torch.dtype | None = None,
         channels_last_3d: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[nn.Module, LoadReport]:
         """`VAELoader.load_customized` with `--component-direct-gpu-weight-loading.<component>`.
 
@@ -712,6 +736,8 @@ class SglangLoader:
                 never from the caller).
             ComponentCheckpointUnsupportedError: sglang refused (its error, converted).
         """
+        if dtype is not None:
+            raise Unsupported("sglang's VAE loader takes its precision from its server args")
         lib = self.lib
         local = torch.device(lib.server_args_module.current_platform.device_type)
         if device.type != local.type:
@@ -804,8 +830,12 @@ class SglangLoader:
         quantization: QuantizationSpec | None = None,
         direct_gpu_weight_loading: bool = False,
         component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
+        precisions: Precisions | None = None,
     ) -> ServerArgsLike:
         """`ServerArgs(...)`: sglang's construction normalises and validates (ARGS-4, DG-2).
+
+        `precisions` map onto sglang's own `dit_precision`, `vae_precision` and
+        `component_precisions` (upstream spells the dtypes fp32, fp16, bf16).
 
         `component_cpu_offload` becomes sglang's per-component `component_residency`
         (True: "component-offload", False: "resident").
@@ -838,6 +868,7 @@ class SglangLoader:
                 quantization=None if quantization is None else quantization.method,
                 direct_gpu_weight_loading=direct_gpu_weight_loading,
                 component_direct_gpu_weight_loading=dict(component_direct_gpu_weight_loading or {}),
+                **_precision_fields(precisions),
             )
         return cast(ServerArgsLike, args)
 

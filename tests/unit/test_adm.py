@@ -41,6 +41,7 @@ from reference.kit.seam import (
     LOADER_SUPPORT,
     MEMORY_PREFLIGHT,
     PIPELINES,
+    Precisions,
     SeamLoader,
 )
 from reference.pipeline import ModelRegistry
@@ -864,7 +865,10 @@ def test_without_a_flag_every_component_loads_as_an_ordinary_load_would(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, options: dict[str, Any]
 ) -> None:
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
-    args = loader.make_server_args(runtime_device=runtime_device, **options)
+    # The precision the ordinary build below has (its classes build in fp32), handed over
+    # explicitly: defaults of precision are PREC-1's to judge.
+    as_built = Precisions(dit=torch.float32, vae=torch.float32)
+    args = loader.make_server_args(runtime_device=runtime_device, precisions=as_built, **options)
     for name, component in SMALL_PIPELINE.items():
         module = loader.load_pipeline_component(
             root, name, args, platform=CUDA, models=MODELS_BY_NAME

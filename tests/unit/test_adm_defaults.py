@@ -22,7 +22,7 @@ from reference.kit.fakes.pipelines import (
 )
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.fakes.vae import UnrebuiltBufferVAE, VAEConfig
-from reference.kit.seam import ADMISSION, PIPELINES, SeamLoader
+from reference.kit.seam import ADMISSION, PIPELINES, Precisions, SeamLoader
 
 pytestmark = pytest.mark.rule("ADM-6")
 
@@ -83,7 +83,9 @@ def test_without_a_flag_no_gate_refuses(
 def test_without_a_flag_each_component_loads_as_an_ordinary_build(
     loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str
 ) -> None:
-    args = loader.make_server_args(runtime_device=runtime_device)
+    # The precision the ordinary build has (fp32), handed over: defaults are PREC-1's to judge.
+    as_built = Precisions(dit=torch.float32, vae=torch.float32)
+    args = loader.make_server_args(runtime_device=runtime_device, precisions=as_built)
     module = loader.load_pipeline_component(
         pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME
     )

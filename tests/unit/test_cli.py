@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from reference.kit.fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
 
@@ -24,15 +25,19 @@ def run(*argv: str) -> Result:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # A DiT of a few MiB, so the table's MiB columns show what was adopted.
-    dit = FakeComponent(PipelineDiT, {"hidden": 256, "depth": 1}, seed=2)
+    # A DiT of a few MiB, so the table's MiB columns show what was adopted; saved in bf16,
+    # the DiT precision serving runs by default (PREC-1).
+    dit = FakeComponent(
+        PipelineDiT, {"hidden": 256, "depth": 1}, seed=2, checkpoint_dtype=torch.bfloat16
+    )
     components = {**SMALL_PIPELINE, "transformer": dit}
     return write_pipeline(tmp_path_factory.mktemp("pipeline"), components)
 
 
 def table(stdout: str) -> dict[str, list[str]]:
-    lines = stdout.strip().splitlines()
-    assert lines[0].split()[:5] == ["component", "load", "post", "defer", "direct"]
+    """The load table (the output's first block): each component's columns after its name."""
+    lines = stdout.strip().split("\n\n")[0].splitlines()
+    assert lines[0].split()[:6] == ["component", "dtype", "load", "post", "defer", "direct"]
     return {line.split()[0]: line.split()[1:] for line in lines[1:]}
 
 
@@ -41,20 +46,74 @@ def test_load_prints_one_row_per_component(pipeline: Path) -> None:
     assert result.returncode == 0, result.stderr
     rows = table(result.stdout)
     assert list(rows) == ["transformer", "vae", "vocoder"]
-    assert all(row[:4] == ["cpu", "-", "no", "no"] for row in rows.values())
+    assert all(row[1:5] == ["cpu", "-", "no", "no"] for row in rows.values())
 
 
 def test_cpu_offload_adopts_the_dit_checkpoint(pipeline: Path) -> None:
     result = run("load", str(pipeline), "--dit-cpu-offload")
     assert result.returncode == 0, result.stderr
-    adopted_mib = float(table(result.stdout)["transformer"][4])
-    assert adopted_mib > 0
+    row = table(result.stdout)["transformer"]
+    assert row[0] == "bf16"
+    assert float(row[5]) > 0  # adopted MiB (the merged QKV and pos_embed are copied: ZC-2/3)
+    assert "converted" not in result.stdout  # the bf16 checkpoint needs no conversion
 
 
 def test_online_fp8_defers_offload(pipeline: Path) -> None:
     result = run("load", str(pipeline), "--quantization", "fp8", "--dit-cpu-offload")
     assert result.returncode == 0, result.stderr
-    assert table(result.stdout)["transformer"][:4] == ["cpu", "cpu", "yes", "no"]
+    assert table(result.stdout)["transformer"][1:5] == ["cpu", "cpu", "yes", "no"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtypes"),
+    [
+        ((), ("bf16", "fp32", "fp32")),
+        (("--dit-precision", "fp32"), ("fp32", "fp32", "fp32")),
+        (("--vae-precision=fp16",), ("bf16", "fp16", "fp16")),
+        (("--component-precisions.vae=bf16",), ("bf16", "bf16", "fp32")),
+        (("--component_precisions.transformer", "fp16"), ("fp16", "fp32", "fp32")),
+    ],
+    ids=["defaults", "dit-fp32", "vae-fp16", "vae-override", "underscore-prefix"],
+)
+def test_precision_flags_set_each_component_dtype(
+    pipeline: Path, flags: tuple[str, ...], dtypes: tuple[str, str, str]
+) -> None:
+    """PREC-1 on the command line: a bf16 DiT and an fp32 VAE (and vocoder) by default; each
+    flag does what it says, and a conversion is listed, from -> to, under the table."""
+    result = run("load", str(pipeline), *flags)
+    assert result.returncode == 0, result.stderr
+    rows = table(result.stdout)
+    assert tuple(rows[name][0] for name in ("transformer", "vae", "vocoder")) == dtypes
+    if dtypes[0] != "bf16":  # the DiT's checkpoint is bf16: converted once, and said so
+        assert f"transformer    bf16 -> {dtypes[0]}:" in result.stdout
+
+
+ACCEPTED = "fp32, fp16, bf16"
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (("--dit-precision", "fp64"), ("--dit-precision", ACCEPTED)),
+        (("--vae-precision=BF16",), ("--vae-precision", ACCEPTED)),
+        (("--component-precisions.vae=fp8",), ("--component-precisions.vae", ACCEPTED)),
+        (("--component-precisions.vae",), ("--component-precisions.vae", ACCEPTED)),
+        (("--component-precisions.=bf16",), ("--component-precisions", "empty")),
+        (("--component-precisions.video_vae=bf16",), ("video_vae", "declares")),
+    ],
+    ids=["unknown", "case", "fp8", "no-value", "no-component", "undeclared"],
+)
+def test_bad_precision_flags_exit_2_in_one_line_naming_the_flag(
+    pipeline: Path, flags: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    """PREC-3 on the command line: exit 2, one line naming the flag (and the accepted values,
+    for a value), before anything is loaded."""
+    result = run("load", str(pipeline), *flags)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert [w for w in words if w not in lines[0]] == [], lines[0]
 
 
 @pytest.mark.parametrize(

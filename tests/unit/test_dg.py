@@ -116,7 +116,7 @@ def test_direct_mode_reads_no_tensor_data_onto_the_host(
     if direct_device.type == "cpu":
         result = isolated_with(direct_load_host_growth, path, BIG, direct_device, deadline=60)
         assert result.outcome == "returned", f"the direct load {result.outcome}: {result.message}"
-        growth, devices = result.value
+        growth, devices, _ = result.value
         bound, what = data + largest + HOST_SLACK, "the model plus one tensor"
     else:
         with PeakSampler() as host:

@@ -91,8 +91,9 @@ def test_load_command_loads_a_diffusers_vae(
     done = run_load(str(root), "--device", str(runtime_device))
     assert done.returncode == 0, done.stderr
     row = table_row(done.stdout, "vae")
-    assert row[1] == str(runtime_device)  # load device
-    assert row[4] == "no"  # direct
+    assert row[1] == "fp32"  # the VAE's precision by default (PREC-1)
+    assert row[2] == str(runtime_device)  # load device
+    assert row[5] == "no"  # direct
     # The command's own load, in process: the same module diffusers' from_pretrained gives.
     args, rest = parse_args(["--device", str(runtime_device)])
     assert rest == []

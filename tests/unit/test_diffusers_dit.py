@@ -35,7 +35,7 @@ from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.platform import FakePlatform
-from reference.kit.seam import PIPELINES, SeamLoader
+from reference.kit.seam import PIPELINES, Precisions, SeamLoader
 from reference.quantization import QuantizationSpec
 
 from .command import ROOT, Result, run_reference, run_reference_fresh
@@ -79,7 +79,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory, diffusers: ModuleType) -> dict
 def from_pretrained(
     diffusers: ModuleType, root: Path, pipeline: HubPipeline, *, component: str = "transformer"
 ) -> nn.Module:
-    """diffusers' own load of the pipeline's transformer (or `component`), with its defaults.
+    """diffusers' own load of the pipeline's transformer (or `component`), in the precision the
+    loads below ask for (`torch_dtype=DIT_DTYPE`: the class's fp32 modules stay fp32).
 
     A class that keeps modules in float32 (Wan) loads only through diffusers' low-memory path,
     which needs accelerate: without it there is nothing to compare with, so the test skips.
@@ -87,8 +88,14 @@ def from_pretrained(
     cls = getattr(diffusers, pipeline.dit.class_name)
     if cls._keep_in_fp32_modules is not None and importlib.util.find_spec("accelerate") is None:
         pytest.skip(f"diffusers' from_pretrained of {cls.__name__} needs accelerate: {EXTRA}")
-    model: nn.Module = cls.from_pretrained(str(root / component))
+    model: nn.Module = cls.from_pretrained(str(root / component), torch_dtype=DIT_DTYPE)
     return model
+
+
+DIT_DTYPE = torch.bfloat16
+"""The hub pipelines' transformers are stored in bf16, as users get them (`write_hub_pipeline`);
+every load here asks for that precision, and the command line's default is it (PREC-1)."""
+PRECISIONS = Precisions(dit=DIT_DTYPE, vae=torch.float32)
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -127,7 +134,9 @@ def load_offloaded(
     if reason is not None:
         pytest.skip(reason)
     positions = tensor_positions(root / "transformer")
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=True)
+    args = loader.make_server_args(
+        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+    )
     module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
     params = param_names(module)
     assert params, "the transformer has parameters"
@@ -216,7 +225,9 @@ def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
         pytest.skip(reason)
     root = hub[f"{name}-sharded"]
     files = safetensors_files(root / "transformer")
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=True)
+    args = loader.make_server_args(
+        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+    )
     loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)  # warm: imports
     with DataReads() as reads:
         module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
@@ -241,7 +252,7 @@ def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
     checkpoint tensor is not on CPU); on CPU the rules adopt as under offload. Either way the
     state, the non-persistent rotary buffers and one forward pass equal from_pretrained's."""
     root, pipeline = hub[f"{name}-{layout}"], PIPELINES_BY_NAME[name]
-    args = loader.make_server_args(runtime_device=runtime_device)
+    args = loader.make_server_args(runtime_device=runtime_device, precisions=PRECISIONS)
     module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
     assert all(t.device.type == runtime_device.type for t in module.state_dict().values())
     assert all(b.device.type == runtime_device.type for b in module.buffers())
@@ -261,7 +272,9 @@ def test_a_second_diffusers_transformer_is_adopted_too(
     file's bytes as well, holding its own values (not the first expert's)."""
     root = write_hub_pipeline(tmp_path / "wan22", WAN22_PIPELINE, seed=6)
     positions = tensor_positions(root / "transformer_2")
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=True)
+    args = loader.make_server_args(
+        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+    )
     reason = maps_missing()
     if reason is not None:
         pytest.skip(reason)
@@ -382,8 +395,8 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     found = sections(done.stdout)
     rows, skipped = table(done.stdout)
     assert list(rows) == ["transformer", "vae"]
-    load, post, defer, direct, adopted, copied = rows["transformer"][:6]
-    assert (load, post, defer, direct) == ("cpu", "-", "no", "no")
+    dtype, load, post, defer, direct, adopted, copied = rows["transformer"][:7]
+    assert (dtype, load, post, defer, direct) == ("bf16", "cpu", "-", "no", "no")
     share = 0.9 if name in WITH_BUFFERS else 0.99
     assert float(adopted) >= share * (float(adopted) + float(copied)) > 0
     assert float(rows["transformer"][-1]) < 0.5 * float(adopted)  # peak anon MiB: no copy

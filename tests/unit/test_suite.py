@@ -54,11 +54,12 @@ def test_marker_problems_catch_unknown_missing_and_contradictory() -> None:
 
 def test_catalogue_ids_are_unique_and_well_formed() -> None:
     ids = [rule.id for rule in RULES]
-    assert len(ids) == len(set(ids)) == 70
+    assert len(ids) == len(set(ids)) == 76
     assert {rule.section for rule in RULES} == {
         "PLAN",
         "DEV",
         "ZC",
+        "PREC",
         "DG",
         "FP8",
         "ARGS",
