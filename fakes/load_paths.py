@@ -15,6 +15,7 @@ Each path loads the corpus models (fakes/corpus_models.py) unless a `build` is g
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from reference.kit.fakes import corpus_models, pipelines
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
+from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, while_building
 from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.platform import FakePlatform
@@ -40,6 +41,7 @@ __all__ = [
     "load_checkpoint",
     "load_component",
     "load_on_path",
+    "load_with_a_shard_swapped_for_a_pipe",
     "sees_zc3",
 ]
 
@@ -109,6 +111,25 @@ def load_on_path(
     if path in PIPELINE_COMPONENTS:
         return load_component(loader, target, path, runtime_device=runtime_device)
     return load_checkpoint(path, loader, target, runtime_device=runtime_device)
+
+
+def load_with_a_shard_swapped_for_a_pipe(
+    loader: SeamLoader, path: str, target: Path, *, shard: Path, runtime_device: torch.device
+) -> nn.Module:
+    """`load_on_path`, with `shard` replaced by a named pipe the first time a corpus model is
+    built (on the checkpoint paths, after the headers were checked): another process swapping
+    a file between the check and the read. Module-level, for an isolated attempt: a loader that
+    opens the pipe blocking never returns, and only a deadline can stop it."""
+    swapped: list[bool] = []
+
+    def swap() -> None:
+        if not swapped:
+            swapped.append(True)
+            shard.unlink()
+            os.mkfifo(shard)
+
+    with while_building(swap):
+        return load_on_path(loader, path, target, runtime_device=runtime_device)
 
 
 def sees_zc3(loader: SeamLoader, folder: Path) -> bool:

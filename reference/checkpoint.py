@@ -13,6 +13,7 @@ are copied there one at a time from that map.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -295,9 +296,13 @@ class TensorReader:
 
     def _open(self, info: TensorInfo) -> int:
         """A descriptor of the file `info` lives in, refused unless it is the file whose header
-        was validated (same device, inode, size and modification time)."""
+        was validated (a regular file, same device, inode, size and modification time).
+
+        Opened non-blocking, as the header pass opens it: a file swapped for a named pipe,
+        socket or device after its header was checked must be refused, not waited on."""
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(os.fsencode(info.file), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(os.fsencode(info.file), flags)
         except OSError as exc:
             raise checkpoint_error(
                 info.file,
@@ -306,6 +311,14 @@ class TensorReader:
                 " was read. Re-open the checkpoint",
             ) from None
         status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            os.close(fd)
+            raise checkpoint_error(
+                info.file,
+                info.name,
+                "file was replaced by something that is not a regular file (a pipe, socket or"
+                " device) since its header was read. Re-open the checkpoint",
+            )
         expected = self.checkpoint.identities.get(info.file)
         problem = truncation(info, status.st_size)
         if problem is None and expected is not None and FileIdentity.of(status) != expected:

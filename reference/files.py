@@ -134,6 +134,33 @@ def _key_before(raw: bytes, position: int) -> str | None:
     return keys[-1].group(1).decode("utf-8", "backslashreplace") if keys else None
 
 
+def _too_deep_entry(raw: bytes) -> str | None:
+    """The top-level key whose value first nests deeper than MAX_JSON_DEPTH (strings, with
+    their escapes, skipped), or None when the nesting is not inside a key's value. Runs only
+    once the text is known to nest too deep."""
+    depth, in_string, escaped, start = 0, False, False, -1
+    last_key: str | None = None
+    for position, byte in enumerate(raw):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # the closing quote
+                in_string = False
+                if depth == 1 and raw[position + 1 : position + 65].lstrip()[:1] == b":":
+                    last_key = raw[start + 1 : position].decode("utf-8", "backslashreplace")
+        elif byte == 0x22:
+            in_string, start = True, position
+        elif byte in b"[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return last_key
+        elif byte in b"]}":
+            depth -= 1
+    return None
+
+
 def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
     """Refuse JSON text that would cost more to parse than any real checkpoint's does.
 
@@ -166,4 +193,6 @@ def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
     # Still deeper, unless what is left has no innermost pair: unbalanced text, which the
     # parser itself refuses as not JSON.
     if brackets and _PAIR.search(brackets):
-        raise _error(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+        raise _error(
+            path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels", _too_deep_entry(raw)
+        )

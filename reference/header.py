@@ -9,12 +9,13 @@ without being opened (CKPT-1); anything that is not a regular file is refused be
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
-import math
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +116,28 @@ class _DuplicateKeyError(Exception):
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKeyError(key)
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):  # rare: find the repeated key only then
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
     return result
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector paused while a parse builds millions of objects that form no cycle
+    (a header of a million entries): otherwise each collection walks every object built so far,
+    and the collections took most of the parse's time. Restored as it was on exit."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def load_json(path: Path, raw: bytes, what: str) -> object:
@@ -137,7 +154,8 @@ def load_json(path: Path, raw: bytes, what: str) -> object:
     """
     check_json_budget(path, raw, what=what)
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+        with no_cyclic_gc():
+            return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except _DuplicateKeyError as dup:
         raise checkpoint_error(
             path, dup.key, f"{what} names {dup.key!r} twice; names must be unique"
@@ -169,21 +187,30 @@ def _parse_entry(path: Path, name: str, raw: object, data_start: int, data_len: 
         raise checkpoint_error(
             path, name, f"unknown dtype {dtype_code!r}; known: {', '.join(DTYPES)}"
         )
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    # One pass per entry (a header may hold a million): `type(d) is int` also refuses bools.
+    numel, bound = 1, 1  # torch multiplies every dim, zeros as ones, with an overflow check
+    if not isinstance(shape, list):
+        numel = -1
+        shape = []
+    for d in shape:
+        if type(d) is not int or d < 0:
+            numel = -1
+            break
+        numel *= d
+        bound *= d or 1
+    if numel < 0:
         raise checkpoint_error(
-            path, name, f"shape must be a list of non-negative integers, got {shape!r}"
+            path, name, f"shape must be a list of non-negative integers, got {raw.get('shape')!r}"
         )
-    # torch sizes are int64 and it multiplies every dim, zeros included, with an overflow check.
-    if math.prod(max(d, 1) for d in shape) >= 2**63:
+    if bound >= 2**63:
         raise checkpoint_error(
             path, name, f"shape {shape} is too large for a tensor (2**63 elements or more)"
         )
     if (
-        not isinstance(offsets, list)
+        type(offsets) is not list
         or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or type(offsets[0]) is not int
+        or type(offsets[1]) is not int
         or not 0 <= offsets[0] <= offsets[1]
     ):
         raise checkpoint_error(
@@ -198,7 +225,7 @@ def _parse_entry(path: Path, name: str, raw: object, data_start: int, data_len: 
             " the file is truncated or the header is wrong",
         )
     dtype = DTYPES[dtype_code]
-    expected = math.prod(shape) * dtype.itemsize
+    expected = numel * dtype.itemsize
     if end - begin != expected:
         raise checkpoint_error(
             path,
@@ -262,34 +289,45 @@ def read_header(path: Path) -> ShardHeader:
                 f"file is {size} bytes; a safetensors file starts with an 8-byte header length",
             )
         (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+        if 8 + header_len > size:
             raise checkpoint_error(
                 path,
                 None,
                 f"header length {header_len} exceeds the file ({size} bytes); the file is"
                 " truncated or not a safetensors file",
             )
+        if header_len > MAX_HEADER_BYTES:
+            raise checkpoint_error(
+                path,
+                None,
+                f"header length {header_len} is over the cap of {MAX_HEADER_BYTES} bytes that"
+                " safetensors itself sets; no loader reads such a header. Re-save the checkpoint"
+                " with safetensors",
+            )
         header_bytes = _read_at(fd, header_len, 8)
     except OSError as exc:
         raise checkpoint_error(path, None, f"cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
-    header = load_json(path, header_bytes, "header")
-    if not isinstance(header, dict):
-        raise checkpoint_error(
-            path, None, f"header must be a JSON object, got {type(header).__name__}"
+    # A header may hold a million entries: no cyclic collection while they are built (see
+    # `no_cyclic_gc`).
+    with no_cyclic_gc():
+        header = load_json(path, header_bytes, "header")
+        if not isinstance(header, dict):
+            raise checkpoint_error(
+                path, None, f"header must be a JSON object, got {type(header).__name__}"
+            )
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise checkpoint_error(path, "__metadata__", "must be an object of string to string")
+        data_start = 8 + header_len
+        data_len = size - data_start
+        tensors = tuple(
+            _parse_entry(path, name, raw, data_start, data_len) for name, raw in header.items()
         )
-    metadata = header.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise checkpoint_error(path, "__metadata__", "must be an object of string to string")
-    data_start = 8 + header_len
-    data_len = size - data_start
-    tensors = tuple(
-        _parse_entry(path, name, raw, data_start, data_len) for name, raw in header.items()
-    )
-    _check_coverage(path, tensors, data_start, size)
+        _check_coverage(path, tensors, data_start, size)
     return ShardHeader(path, size, tensors, metadata, FileIdentity.of(status))
 
 

@@ -325,7 +325,11 @@ def load_ordinarily(
     The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
     parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path)."""
     spec = request.component
-    module = build() if build is not None else build_module(registry, spec)
+    if build is None:
+        module = build_module(registry, spec)
+    else:  # the same construction guard as the registry's classes and the meta builds
+        with allocation_guard(spec.name):
+            module = build()
     cast_slots(module, request.dtype)  # PREC-1, PREC-2: the real slots, converted before loading
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device

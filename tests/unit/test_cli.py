@@ -269,3 +269,17 @@ def test_demo_says_it_removed_its_folder_or_keeps_it(tmp_path: Path) -> None:
     assert f"stay in {tmp_path / 'kept'}" in result.stdout
     command = next(line for line in result.stdout.splitlines() if line.startswith("$ python -m"))
     assert str(tmp_path / "kept" / "pipeline") in command  # the printed commands still run
+
+
+def test_an_error_line_escapes_every_control_character() -> None:
+    """NUL, escape sequences and lone surrogates from the input are written as escapes: the
+    `error:` line stays one line of plain text, whatever the input held."""
+    from reference.cli import one_line
+    from reference.errors import CheckpointError
+
+    line = one_line(
+        CheckpointError("/p/a\x00b.safetensors", "t\x1b", "shard 'c\x00\udcff' bad\x07")
+    )
+    assert line.isprintable(), repr(line)
+    assert "\\x00" in line
+    assert "\\x07" in line

@@ -399,7 +399,8 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     assert (dtype, load, post, defer, direct) == ("bf16", "cpu", "-", "no", "no")
     share = 0.9 if name in WITH_BUFFERS else 0.99
     assert float(adopted) >= share * (float(adopted) + float(copied)) > 0
-    assert float(rows["transformer"][-1]) < 0.5 * float(adopted)  # peak anon MiB: no copy
+    # Peak anon MiB: a copy of the weights would take at least their bytes again.
+    assert float(rows["transformer"][-1]) < float(adopted)
     others = set(PIPELINES_BY_NAME[name].others)
     assert set(skipped) == others  # listed, not refused
     assert "no weights" in skipped["scheduler"]

@@ -163,7 +163,11 @@ def test_header_length_limit_is_inclusive(tmp_path: Path) -> None:
     byte does not. The file is sparse: nothing is written but the length field."""
     for length, problem in [
         (MAX_HEADER_BYTES, "header is not valid JSON"),
-        (MAX_HEADER_BYTES + 1, f"header length {MAX_HEADER_BYTES + 1} exceeds the file"),
+        # It fits in the file: the cap is the cause, and the message says so.
+        (
+            MAX_HEADER_BYTES + 1,
+            f"header length {MAX_HEADER_BYTES + 1} is over the cap of {MAX_HEADER_BYTES} bytes",
+        ),
     ]:
         path = tmp_path / f"sparse{length}.safetensors"
         with path.open("wb") as f:
@@ -281,3 +285,15 @@ def test_unknown_dtype_lists_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as caught:
         read_header(path)
     assert caught.value.problem.startswith("unknown dtype 'F7'; known: F64, F32, F16, BF16, I64,")
+
+
+@pytest.mark.rule("CKPT-4")
+@ONLY
+def test_a_header_nesting_too_deep_names_the_entry(tmp_path: Path) -> None:
+    """The nesting refusal names the tensor whose entry nests (the CLI prints it in its line)."""
+    raw = json.dumps({"a": F32})[:-1] + ', "w": ' + "[" * 40 + "]" * 40 + "}"
+    path = shard(tmp_path / "deep.safetensors", raw.encode(), b"\0" * 4)
+    with pytest.raises(CheckpointError) as caught:
+        read_header(path)
+    assert caught.value.entry == "w", str(caught.value)
+    assert "nests deeper than" in caught.value.problem

@@ -12,13 +12,16 @@ and one line on stderr.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import corpus_pipeline
+from reference.kit.fakes.corrupt import small_state
 from reference.kit.fakes.guards import Seal, sealing
 from reference.kit.fakes.hostile import (
     PIPELINE_CASES,
@@ -32,6 +35,7 @@ from reference.kit.fakes.load_paths import (
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,
     load_on_path,
+    load_with_a_shard_swapped_for_a_pipe,
 )
 from reference.kit.isolated import Attempt, isolated_call
 
@@ -128,6 +132,42 @@ def test_hostile_pipeline_files_are_refused_in_one_line_in_bounded_time_and_memo
         load_on_path, component, root, runtime_device=runtime_device, deadline=DEADLINE
     )
     assert_refused_well(result, hostile)
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need a POSIX system")
+@pytest.mark.parametrize("path", ON_EVERY_PATH)
+def test_a_shard_swapped_for_a_pipe_after_its_check_is_refused_not_waited_on(
+    isolated_with: Callable[..., Attempt],
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    path: str,
+) -> None:
+    """The second of two shards is replaced by a named pipe between the header check and the
+    read (another process at work): refused naming that shard, within the deadline, on every
+    path; a blocking open of the pipe waits for a writer that never comes."""
+    if path in PIPELINE_COMPONENTS:
+        target = tmp_path / "pipeline"
+        folder = corpus_pipeline(target, emptied=path)
+        write_checkpoint(small_state(), folder, shards=2)
+    else:
+        folder = tmp_path / "ckpt"
+        target = write_checkpoint(small_state(), folder, shards=2)
+    *others, shard = sorted(folder.glob("*.safetensors"))
+    for kept in others:  # the pipe itself is never read, so never sealed
+        sealed.add(kept)
+    result = isolated_with(
+        load_with_a_shard_swapped_for_a_pipe,
+        path,
+        target,
+        shard=shard,
+        runtime_device=runtime_device,
+        deadline=DEADLINE,
+    )
+    assert result.outcome == "raised", f"the loader {result.outcome}: {result.message}"
+    assert result.raised("ValueError"), (result.error_types, result.message)
+    assert shard.name in result.message, f"the refusal does not name {shard.name}: {result.message}"
 
 
 # --- the command line: exit 2, one line on stderr ------------------------------------------------

@@ -30,8 +30,16 @@ from reference.kit.fakes.guards import BLOCKING, make_blocking_file
 from reference.kit.fakes.hostile import write_hostile_json
 from reference.kit.fakes.judge import assert_names, loaded_or_refused
 from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.fakes.platform import FakePlatform
 from reference.kit.isolated import Attempt
-from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
+from reference.kit.seam import (
+    CHECKPOINT_SAFETY,
+    PIPELINES,
+    VAE_STREAM,
+    ZERO_COPY,
+    Plan,
+    SeamLoader,
+)
 
 CPU = torch.device("cpu")
 OWN = "the reference's own limits and wording"
@@ -359,6 +367,31 @@ def test_construction_beyond_host_memory_is_refused_before_allocating(
     with deadline(60), pytest.raises(HostMemoryError, match="refused before allocating"):
         load()
     assert time.perf_counter() - started < 20
+
+
+@pytest.mark.rule("CKPT-4")
+@pytest.mark.reference_only(OWN)
+@pytest.mark.capability(PIPELINES)
+def test_an_ordinary_component_build_beyond_host_memory_is_refused_before_allocating(
+    loader: SeamLoader, tmp_path: Path
+) -> None:
+    """The pipeline's ordinary VAE path builds a diffusers class for real (no meta build) from
+    a config.json whose `base_dim` asks for petabytes: the construction guard every other build
+    has refuses it, naming the component, instead of torch's allocation failure wrapped as a
+    load error."""
+    pytest.importorskip("diffusers", reason="the diffusers VAE class needs the [diffusers] extra")
+    from reference.errors import HostMemoryError
+
+    root = tmp_path / "pipeline"
+    (root / "vae").mkdir(parents=True)
+    index = {"_class_name": "WanPipeline", "vae": ["diffusers", "AutoencoderKLWan"]}
+    (root / "model_index.json").write_text(json.dumps(index))
+    config = {"_class_name": "AutoencoderKLWan", "base_dim": 100_000}
+    (root / "vae" / "config.json").write_text(json.dumps(config))
+    write_checkpoint(small_state(), root / "vae")
+    args = loader.make_server_args(runtime_device=CPU)
+    with deadline(60), pytest.raises(HostMemoryError, match="vae"):
+        loader.load_pipeline_component(root, "vae", args, platform=FakePlatform(cuda=False))
 
 
 # --- files that are not part of a checkpoint -----------------------------------------------------
