@@ -31,7 +31,6 @@ from reference.precision import (
     VAE_PRECISION_FLAG,
     check_precision,
     parse_precision,
-    precision_name,
 )
 from reference.quantization import QuantizationSpec
 
@@ -304,15 +303,6 @@ class ServerArgs:
         if key in self.component_precisions:
             return self.component_precisions[key]
         return self.dit_precision if is_transformer_component(key) else self.vae_precision
-
-    def precision_flag(self, name: str) -> str:
-        """The option that sets component `name`'s precision, with its value (for messages)."""
-        key = normalise_component(name)
-        value = precision_name(self.precision_for(key))
-        if key in self.component_precisions:
-            return f"{component_flag(COMPONENT_PRECISIONS_FLAG, key)}={value}"
-        flag = DIT_PRECISION_FLAG if is_transformer_component(key) else VAE_PRECISION_FLAG
-        return f"{flag} {value}"
 
     def is_layerwise_offloaded(self, name: str) -> bool:
         """Whether component `name` streams its layers from CPU (DiT components only)."""

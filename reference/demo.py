@@ -61,9 +61,12 @@ def stream_vae_on_cpu(root: Path) -> None:
     config = {"hidden": 32, "groups": 8}
     with PeakSampler() as sampler:
         module, report = load_vae(
-            lambda: PipelineVAE(**config), root / "vae", device=torch.device("cpu")
+            lambda: PipelineVAE(**config),
+            root / "vae",
+            device=torch.device("cpu"),
+            dtype=torch.float32,  # the VAE's precision (PREC-1)
         )
-    print("$ python -c 'reference.vae.load_vae(..., device=cpu)'   # CPU target")
+    print("$ python -c 'reference.vae.load_vae(..., device=cpu, dtype=torch.float32)'")
     print(HEADER)
     print(Row(LoadedComponent("vae", module, report), sampler.anon_growth).format())
 

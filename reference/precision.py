@@ -30,6 +30,7 @@ __all__ = [
     "PRECISIONS",
     "VAE_PRECISION_FLAG",
     "cast_slots",
+    "check_precision",
     "fp32_modules",
     "keeps_fp32",
     "parse_precision",
