@@ -175,18 +175,13 @@ def write_diffusers_bench(folder: Path, target: int) -> Path:
     import importlib
     import json
 
+    from reference.kit.fakes.diffusers_pipelines import resave_in
+
     diffusers = importlib.import_module("diffusers")
     model = diffusers.WanTransformer3DModel(**diffusers_dit_config(target))
     transformer = folder / "transformer"
     model.save_pretrained(str(transformer))
-    # Stored in bf16 as users get it: read back by diffusers in bf16 (its fp32 modules kept)
-    # and written again in its place.
-    model = diffusers.WanTransformer3DModel.from_pretrained(
-        str(transformer), torch_dtype=torch.bfloat16
-    )
-    for old in transformer.glob("*.safetensors*"):
-        old.unlink()
-    model.save_pretrained(str(transformer))
+    resave_in(transformer, diffusers.WanTransformer3DModel, torch.bfloat16)  # as users get it
     index = {
         "_class_name": "WanPipeline",
         "_diffusers_version": diffusers.__version__,

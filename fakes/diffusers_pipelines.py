@@ -57,6 +57,7 @@ __all__ = [
     "DiffusersDiT",
     "HubPipeline",
     "Inputs",
+    "resave_in",
     "write_diffusers_dit",
     "write_hub_pipeline",
 ]
@@ -470,9 +471,10 @@ def write_diffusers_dit(
     read back in it by `from_pretrained(torch_dtype=dtype)` and saved again, as in
     `write_hub_pipeline`); returns the model as built (fp32)."""
     model: Any = dit.build(seed)
-    model.save_pretrained(str(folder), max_shard_size=SHARD_SIZE if sharded else "10GB")
+    shard_size = SHARD_SIZE if sharded else "10GB"
+    model.save_pretrained(str(folder), max_shard_size=shard_size)
     if dtype is not None:
-        _resave(folder, dit, dtype, sharded=sharded)
+        resave_in(folder, dit.model_class(), dtype, max_shard_size=shard_size)
     saved: nn.Module = model
     return saved
 
@@ -500,18 +502,22 @@ def write_hub_pipeline(
     built = pipeline.build(seed)
     shard_size = SHARD_SIZE if sharded else None
     built.save_pretrained(str(root), max_shard_size=shard_size)
+    dit_shards = SHARD_SIZE if sharded else "10GB"
     if dit_dtype is not None:
         dits = {"transformer": pipeline.dit, "transformer_2": pipeline.dit_2}
         for name, dit in dits.items():
             if dit is not None:
-                _resave(root / name, dit, dit_dtype, sharded=sharded)
+                resave_in(root / name, dit.model_class(), dit_dtype, max_shard_size=dit_shards)
     return root
 
 
-def _resave(folder: Path, dit: DiffusersDiT, dtype: torch.dtype, *, sharded: bool) -> None:
-    """Read the model at `folder` back in `dtype` with diffusers' own loading and write it
-    again in its place."""
-    model = dit.model_class().from_pretrained(str(folder), torch_dtype=dtype)
+def resave_in(
+    folder: Path, model_class: Any, dtype: torch.dtype, *, max_shard_size: str = "10GB"
+) -> None:
+    """Read the diffusers model at `folder` back in `dtype` with diffusers' own
+    `from_pretrained(torch_dtype=dtype)` (the class's `_keep_in_fp32_modules` stay fp32) and
+    write it again in its place with its `save_pretrained`: a checkpoint as users get it."""
+    model = model_class.from_pretrained(str(folder), torch_dtype=dtype)
     for old in folder.glob("*.safetensors*"):
         old.unlink()
-    model.save_pretrained(str(folder), max_shard_size=SHARD_SIZE if sharded else "10GB")
+    model.save_pretrained(str(folder), max_shard_size=max_shard_size)

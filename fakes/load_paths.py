@@ -163,6 +163,8 @@ def direct_load_host_growth(
     plan = Plan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
     with PeakSampler() as host:
         build = functools.partial(TinyDiT, config)
+        # Without a precision, the call a loader predating PREC also takes: DG-4's use of this
+        # helper must not hinge on PREC-1's keyword.
         if dtype is None:
             module, _ = loader.load_dit(build, checkpoint, plan=plan, kinds=LINEAR_KINDS)
         else:

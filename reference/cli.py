@@ -31,7 +31,7 @@ from reference.args import (
     parse_args,
 )
 from reference.checkpoint import reading_progress
-from reference.errors import ArgumentError, LoadError
+from reference.errors import ArgumentError, LoadError, shown
 from reference.extras import install_hint
 from reference.load import iter_load, not_loaded
 from reference.loaders import LoadedComponent
@@ -52,7 +52,6 @@ __all__ = [
     "load_command",
     "load_with_table",
     "one_line",
-    "printable",
     "progress_bar",
 ]
 
@@ -219,21 +218,9 @@ DEBUG_FLAG = "--debug"
 MEASURE_FLAG = "--measure"
 
 
-def printable(text: str) -> str:
-    """`text` with every character that is not printable (NUL, escapes, lone surrogates of an
-    undecodable file name) written as its Python escape, so an error line is one line of
-    plain text whatever the input held."""
-    if text.isprintable():
-        return text
-    return "".join(
-        ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode()
-        for ch in text
-    )
-
-
 def one_line(exc: BaseException) -> str:
     """The message of `exc` on one line: a refusal's own words, or an internal error said so."""
-    text = printable(" ".join(str(exc).split()) or "(no message)")
+    text = shown(" ".join(str(exc).split()) or "(no message)")
     if isinstance(exc, LoadError):
         return text
     return (

@@ -38,12 +38,13 @@ def shown(text: str | os.PathLike[str] | bytes) -> str:
     control characters (newline, NUL, ESC) escaped."""
     if isinstance(text, bytes):
         raw = text
+    elif isinstance(text, os.PathLike):
+        raw = os.fsencode(text)
     else:
-        raw = (
-            os.fsencode(text)
-            if isinstance(text, os.PathLike)
-            else text.encode("utf-8", "surrogateescape")
-        )
+        try:  # a name decoded from undecodable bytes gets them back
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a lone surrogate no decoding made: its escape
+            raw = text.encode("utf-8", "backslashreplace")
     decoded = raw.decode("utf-8", "backslashreplace")
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", decoded)
 

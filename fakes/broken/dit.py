@@ -20,6 +20,7 @@ from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import SharedMapReader
 from reference.kit.seam import PlanLike
 from reference.modules import Slot
+from reference.plan import WeightLoadPlan
 from reference.postload import offload_to_cpu, process_weights
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
@@ -317,30 +318,12 @@ class MapsFilesInDirectModeOnCpu(DiTDefect):
     name = "broken-maps-files-in-direct-mode-on-cpu"
     breaks = frozenset({"DG-4"})
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        if plan.load_full_state_dict_on_device and plan.checkpoint_load_device.type == "cpu":
-            plan = self.default_plan(plan.checkpoint_load_device)
-        return super().load_dit(
-            build,
-            checkpoint,
-            plan=plan,
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            dtype=dtype,
-        )
+    @staticmethod
+    def _plan(plan: PlanLike) -> WeightLoadPlan:
+        real = DiTDefect._plan(plan)
+        if real.load_full_state_dict_on_device and real.checkpoint_load_device.type == "cpu":
+            return WeightLoadPlan(checkpoint_load_device=real.checkpoint_load_device)
+        return real
 
 
 class OffloadsBeforeProcessing(DiTDefect):
