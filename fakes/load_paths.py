@@ -27,7 +27,17 @@ from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, while_buildi
 from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.platform import FakePlatform
-from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
+from reference.kit.seam import (
+    DIRECT_DIT,
+    PIPELINES,
+    VAE_STREAM,
+    ZERO_COPY,
+    DitRequest,
+    Plan,
+    SeamLoader,
+    ServingOptions,
+    VaeRequest,
+)
 from reference.memory import PeakSampler
 
 __all__ = [
@@ -79,7 +89,9 @@ def load_checkpoint(
 ) -> nn.Module:
     """Load `checkpoint` on one of CHECKPOINT_PATHS; returns the loaded module."""
     if path == "vae-stream":
-        module, _ = loader.load_vae(build or CorpusVAE, checkpoint, device=runtime_device)
+        module, _ = loader.load_vae(
+            VaeRequest(build or CorpusVAE, checkpoint, device=runtime_device)
+        )
         return module
     direct = path == "dit-direct"
     # The offload plan loads on CPU (DEV-1); the direct plan on the runtime device (DG-4).
@@ -87,7 +99,9 @@ def load_checkpoint(
         checkpoint_load_device=direct_device(runtime_device) if direct else CPU,
         load_full_state_dict_on_device=direct,
     )
-    module, _ = loader.load_dit(build or CorpusDiT, checkpoint, plan=plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(build or CorpusDiT, checkpoint, plan=plan, kinds=LINEAR_KINDS)
+    )
     return module
 
 
@@ -95,7 +109,9 @@ def load_component(
     loader: SeamLoader, root: Path, component: str, *, runtime_device: torch.device
 ) -> nn.Module:
     """Load one component of the pipeline at `root` (transformer CPU-offloaded)."""
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True)
+    )
     platform = FakePlatform(cuda=runtime_device.type == "cuda")
     return loader.load_pipeline_component(
         root, component, args, platform=platform, models=MODEL_CLASSES
@@ -142,7 +158,9 @@ def sees_zc3(loader: SeamLoader, folder: Path) -> bool:
     ZC-14's tests ask for that, so that one defect fails its own rule only.
     """
     path, _ = write_dit_checkpoint(folder)
-    _, report = loader.load_dit(TinyDiT, path, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS)
+    _, report = loader.load_dit(
+        DitRequest(TinyDiT, path, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS)
+    )
     return any(r.how == "copied" for r in report.records if ".qkv." in r.name)
 
 
@@ -166,10 +184,12 @@ def direct_load_host_growth(
         # Without a precision, the call a loader predating PREC also takes: DG-4's use of this
         # helper must not hinge on PREC-1's keyword.
         if dtype is None:
-            module, _ = loader.load_dit(build, checkpoint, plan=plan, kinds=LINEAR_KINDS)
+            module, _ = loader.load_dit(
+                DitRequest(build, checkpoint, plan=plan, kinds=LINEAR_KINDS)
+            )
         else:
             module, _ = loader.load_dit(
-                build, checkpoint, plan=plan, kinds=LINEAR_KINDS, dtype=dtype
+                DitRequest(build, checkpoint, plan=plan, kinds=LINEAR_KINDS, dtype=dtype)
             )
     devices = sorted({t.device.type for t in [*module.parameters(), *module.buffers()]})
     model = sum(t.nbytes for t in module.state_dict().values())

@@ -7,7 +7,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import torch
 
@@ -22,6 +21,7 @@ from reference.args import (
 from reference.checkpoint import open_checkpoint
 from reference.errors import ArgumentError, DeviceMemoryError
 from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.seam import ServingOptions
 from reference.loaders import loader_kind
 from reference.pipeline import read_pipeline
 from reference.platform import Platform
@@ -147,7 +147,7 @@ class PutsPositionalsFirst(BrokenAdapter):
         ]
 
 
-def truthy(value: object) -> object:
+def truthy(value: object) -> bool:
     if isinstance(value, str):
         return value.lower() == "true"
     return bool(value)
@@ -159,15 +159,14 @@ class CoercesConstructionValues(BrokenAdapter):
     name = "broken-coerces-construction-values"
     breaks = frozenset({"ARGS-4"})
 
-    def make_server_args(self, **options: Any) -> ServerArgs:
-        selection = options.get("component_direct_gpu_weight_loading") or {}
-        options["component_direct_gpu_weight_loading"] = {
-            k: truthy(v) for k, v in selection.items()
-        }
-        options["direct_gpu_weight_loading"] = truthy(
-            options.get("direct_gpu_weight_loading", False)
+    def make_server_args(self, options: ServingOptions) -> ServerArgs:
+        selection = options.component_direct_gpu_weight_loading or {}
+        coerced = dataclasses.replace(
+            options,
+            component_direct_gpu_weight_loading={k: truthy(v) for k, v in selection.items()},
+            direct_gpu_weight_loading=truthy(options.direct_gpu_weight_loading),
         )
-        return super().make_server_args(**options)
+        return super().make_server_args(coerced)
 
 
 class CaseFoldingArgs(ServerArgs):
@@ -192,8 +191,8 @@ class CaseInsensitiveSelection(BrokenAdapter):
         args, rest = super().parse_server_args(argv)
         return case_folding(args), rest
 
-    def make_server_args(self, **options: Any) -> ServerArgs:
-        return case_folding(super().make_server_args(**options))
+    def make_server_args(self, options: ServingOptions) -> ServerArgs:
+        return case_folding(super().make_server_args(options))
 
 
 def quantized_components(pipeline_dir: Path) -> tuple[tuple[str, ...], dict[str, QuantizationSpec]]:

@@ -4,7 +4,7 @@ and a correct one that takes the other branch of CKPT-2's either-or rules."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from reference import dit, vae
-from reference.adopt import LinearKinds
+from reference import dit
 from reference.args import ServerArgsLike
 from reference.checkpoint import (
     INDEX_SUFFIX,
@@ -26,10 +25,9 @@ from reference.checkpoint import (
 from reference.errors import CheckpointError
 from reference.header import DTYPES, PICKLE_SUFFIXES, TensorInfo, read_header
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import PlanLike
+from reference.kit.seam import DitRequest, VaeRequest
 from reference.modules import Slot
 from reference.platform import Platform
-from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 from reference.stream import StreamPlan
 from reference.stream import preflight as reference_preflight
@@ -139,52 +137,14 @@ class FolderPolicy(BrokenAdapter):
     ) -> torch.Tensor:
         return super().read_checkpoint_tensor(self.resolve(_path(path)), name, device=device)
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         return super().load_dit(
-            build,
-            self.resolve(_path(checkpoint)),
-            plan=plan,
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            dtype=dtype,
+            replace(request, checkpoint=self.resolve(_path(request.checkpoint)))
         )
 
-    def load_vae(
-        self,
-        build: Callable[[], torch.nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[torch.nn.Module, LoadReport]:
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
         return super().load_vae(
-            build,
-            self.resolve(_path(checkpoint)),
-            device=device,
-            component=component,
-            config=config,
-            quantization=quantization,
-            decode_dtype=decode_dtype,
-            channels_last_3d=channels_last_3d,
-            dtype=dtype,
+            replace(request, checkpoint=self.resolve(_path(request.checkpoint)))
         )
 
     def check_device_memory(
@@ -320,20 +280,9 @@ class ReadsDotfilesAsShards(BrokenAdapter):
         finally:
             reader.close()
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        merged = with_dotfiles(_path(checkpoint))
-        steps = self.dit_steps(plan, fsdp=fsdp)
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        merged = with_dotfiles(_path(request.checkpoint))
+        steps = self.dit_steps(request.plan, fsdp=request.fsdp)
         if merged is not None:
             ours = merged
 
@@ -343,32 +292,10 @@ class ReadsDotfilesAsShards(BrokenAdapter):
                 dit.check_names(module, set(ours.tensors), component=component, files=ours.files)
 
             steps = replace(steps, reader=lambda _: TensorReader(ours), check_names=check_names)
-        return dit.load_dit(
-            build,
-            checkpoint,
-            plan=self._plan(plan),
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            steps=steps,
-            dtype=dtype,
-        )
+        return self.load_dit_with(request, steps)
 
-    def load_vae(
-        self,
-        build: Callable[[], torch.nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[torch.nn.Module, LoadReport]:
-        merged = with_dotfiles(_path(checkpoint))
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
+        merged = with_dotfiles(_path(request.checkpoint))
         steps = self.vae_steps()
         if merged is not None:
             ours = merged
@@ -379,15 +306,4 @@ class ReadsDotfilesAsShards(BrokenAdapter):
                 return reference_preflight(ours, slots, component=component)
 
             steps = replace(steps, preflight=preflight, reader=lambda _: StreamingReader(ours))
-        return vae.load_vae(
-            build,
-            checkpoint,
-            device=device,
-            component=component,
-            config=config,
-            quantization=quantization,
-            decode_dtype=decode_dtype,
-            channels_last_3d=channels_last_3d,
-            steps=steps,
-            dtype=dtype,
-        )
+        return self.load_vae_with(request, steps)

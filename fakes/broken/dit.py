@@ -3,8 +3,8 @@ direct reads (DG-4), and post-load processing with deferred offload (FP8-2, FP8-
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -18,11 +18,10 @@ from reference.dit import REFERENCE_DIT_STEPS, DiTSteps
 from reference.errors import QuantizationLoadError, StateMismatchError
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import SharedMapReader
-from reference.kit.seam import PlanLike
+from reference.kit.seam import DitRequest, PlanLike
 from reference.modules import Slot
 from reference.plan import WeightLoadPlan
 from reference.postload import offload_to_cpu, process_weights
-from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 
 __all__ = [
@@ -77,28 +76,8 @@ class DiTDefect(BrokenAdapter):
         self.after(module, report)
         return report
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        module, report = super().load_dit(
-            build,
-            checkpoint,
-            plan=plan,
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            dtype=dtype,
-        )
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        module, report = super().load_dit(request)
         self.after(module, report)
         return module, report
 
@@ -354,27 +333,8 @@ class IgnoresFsdp(DiTDefect):
     name = "broken-ignores-fsdp"
     breaks = frozenset({"FP8-4"})
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        return super().load_dit(
-            build,
-            checkpoint,
-            plan=plan,
-            kinds=kinds,
-            quantization=quantization,
-            component=component,
-            dtype=dtype,
-        )
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        return super().load_dit(dataclasses.replace(request, fsdp=False))
 
 
 class FallsBackToUnquantized(DiTDefect):
@@ -386,39 +346,13 @@ class FallsBackToUnquantized(DiTDefect):
         {"CKPT-5": "the atomicity test of a failed quantized load pins CKPT-5 with FP8-5"}
     )
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         try:
-            return super().load_dit(
-                build,
-                checkpoint,
-                plan=plan,
-                kinds=kinds,
-                quantization=quantization,
-                fsdp=fsdp,
-                component=component,
-                dtype=dtype,
-            )
+            return super().load_dit(request)
         except QuantizationLoadError:
-            unquantized = self.default_plan(plan.checkpoint_load_device)
+            unquantized = self.default_plan(request.plan.checkpoint_load_device)
             return super().load_dit(
-                build,
-                checkpoint,
-                plan=unquantized,
-                kinds=kinds,
-                fsdp=fsdp,
-                component=component,
-                dtype=dtype,
+                dataclasses.replace(request, plan=unquantized, quantization=None)
             )
 
 

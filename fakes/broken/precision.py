@@ -4,23 +4,19 @@ loader that "supports precision" plausibly gets it wrong."""
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from reference import dit
-from reference.adopt import LinearKinds
 from reference.args import ServerArgsLike, own_server_args
 from reference.checkpoint import Checkpoint, TensorReader
 from reference.dit import DiTSteps
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import PlanLike
+from reference.kit.seam import DitRequest, PlanLike, VaeRequest
 from reference.pipeline import is_transformer_component, read_pipeline
 from reference.platform import Platform
-from reference.quantization import QuantizationSpec
 from reference.report import LoadReport
 
 __all__ = [
@@ -52,29 +48,12 @@ class PrecisionDefect(BrokenAdapter):
     def after_component(self, module: nn.Module, args: ServerArgsLike, component: str) -> None:
         """What this loader does to a loaded pipeline component before handing it out."""
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        return dit.load_dit(
-            build,
-            checkpoint,
-            plan=self._plan(plan),
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            steps=self.dit_steps(plan, fsdp=fsdp) if dtype is None else self.steps_for(dtype, plan),
-            dtype=self.dtype_for(dtype),
-        )
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        dtype = request.dtype
+        if dtype is None:
+            return super().load_dit(request)
+        steps = self.steps_for(dtype, request.plan)
+        return self.load_dit_with(dataclasses.replace(request, dtype=self.dtype_for(dtype)), steps)
 
     def load_pipeline_component(
         self,
@@ -103,29 +82,8 @@ class BuildsInTheClassDtype(PrecisionDefect):
     def dtype_for(self, dtype: torch.dtype | None) -> torch.dtype | None:
         return None
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        return super().load_vae(
-            build,
-            checkpoint,
-            device=device,
-            component=component,
-            config=config,
-            quantization=quantization,
-            decode_dtype=decode_dtype,
-            channels_last_3d=channels_last_3d,
-        )
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
+        return super().load_vae(dataclasses.replace(request, dtype=None))
 
     def component_args(self, args: ServerArgsLike, pipeline_dir: Path) -> ServerArgsLike:
         own = own_server_args(args)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import torch
 from torch import nn
@@ -16,9 +14,9 @@ from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.errors import ComponentCheckpointUnsupportedError, StateDictABIError
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import WholeFileReader
+from reference.kit.seam import VaeRequest
 from reference.modules import Slot, rebuild_non_persistent_buffers
 from reference.plan import WeightLoadPlan
-from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
 from reference.stream import StreamPlan, fill_slot, grad_allowed, preflight, stream
 from reference.vae import VAESteps
@@ -61,40 +59,17 @@ reference_rebuild = rebuild_non_persistent_buffers
 
 class VAEDefect(BrokenAdapter):
     """A loader whose VAE loads (and slot checks) run the reference with its own `vae_steps`,
-    on `options`, then `after`."""
+    on the `request` it makes of the one asked for, then `after`."""
 
-    def options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The load options this loader acts on."""
-        return options
+    def request(self, request: VaeRequest) -> VaeRequest:
+        """The load this loader does instead of the one asked for."""
+        return request
 
     def after(self, module: nn.Module) -> None:
         """What this loader does to a loaded VAE before handing it out."""
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        options = self.options(
-            {
-                "device": device,
-                "component": component,
-                "config": config,
-                "quantization": quantization,
-                "decode_dtype": decode_dtype,
-                "channels_last_3d": channels_last_3d,
-                "dtype": dtype,
-            }
-        )
-        module, report = super().load_vae(build, checkpoint, **options)
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
+        module, report = super().load_vae(self.request(request))
         self.after(module)
         return module, report
 
@@ -286,8 +261,8 @@ class IgnoresChannelsLast(VAEDefect):
     name = "broken-ignores-channels-last"
     breaks = frozenset({"VAE-11"})
 
-    def options(self, options: dict[str, Any]) -> dict[str, Any]:
-        return {**options, "channels_last_3d": False}
+    def request(self, request: VaeRequest) -> VaeRequest:
+        return dataclasses.replace(request, channels_last_3d=False)
 
 
 class FallsBackForQuantizedVae(VAEDefect):
@@ -297,40 +272,18 @@ class FallsBackForQuantizedVae(VAEDefect):
     name = "broken-falls-back-for-quantized-vae"
     breaks = frozenset({"VAE-12", "VAE-12b"})
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
         try:
-            return super().load_vae(
-                build,
-                checkpoint,
-                device=device,
-                component=component,
-                config=config,
-                quantization=quantization,
-                decode_dtype=decode_dtype,
-                channels_last_3d=channels_last_3d,
-                dtype=dtype,
-            )
+            return super().load_vae(request)
         except ComponentCheckpointUnsupportedError:
-            module = build()
-            reader = TensorReader(open_checkpoint(checkpoint))
+            module = request.build()
+            reader = TensorReader(open_checkpoint(request.checkpoint))
             module.load_state_dict({name: reader.read(name, device=CPU) for name in reader})
             records = tuple(
                 TensorRecord(n, "copied", t.nbytes) for n, t in module.state_dict().items()
             )
             plan = WeightLoadPlan(checkpoint_load_device=CPU)
-            return module.to(device), LoadReport(component, plan, records)
+            return module.to(request.device), LoadReport(request.component, plan, records)
 
 
 def fill_with_file_view(reader: TensorReader, slot: Slot, *, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,7 @@ from torch import nn
 from reference.adopt import LinearKinds, Verdict
 from reference.errors import StateMismatchError
 from reference.kit.reference_adapter import ReferencePlans
-from reference.kit.seam import VAE_STREAM, ZERO_COPY, PlanLike, Unsupported
+from reference.kit.seam import VAE_STREAM, ZERO_COPY, DitRequest, PlanLike, Unsupported, VaeRequest
 from reference.plan import WeightLoadPlan
 from reference.postload import OffloadOptions
 from reference.quantization import QuantizationSpec
@@ -123,23 +123,12 @@ class PlainLoadStateDict(ReferencePlans):
             module.to_empty(device=device)  # a model built on meta has no storage to copy into
         return self.fill(module, state, plan=plan, component=component)
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        refuse_precision(dtype)
-        device = plan.checkpoint_load_device
-        state = load_file(checkpoint, device)
-        module = self.build(build)
-        report = self.fill(module, state, plan=plan, component=component)
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        refuse_precision(request.dtype)
+        device = request.plan.checkpoint_load_device
+        state = load_file(request.checkpoint, device)
+        module = self.build(request.build)
+        report = self.fill(module, state, plan=request.plan, component=request.component)
         return (module if self.assign else module.to(device)), report
 
     # --- VAE -----------------------------------------------------------------------------------
@@ -147,28 +136,16 @@ class PlainLoadStateDict(ReferencePlans):
         """The keys load_state_dict fills."""
         return frozenset(module.state_dict())
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
-        refuse_precision(dtype)
-        state = load_file(checkpoint, device if self.assign else CPU)
-        module = self.build(build)
-        plan = WeightLoadPlan(checkpoint_load_device=device)
-        report = self.fill(module, state, plan=plan, component=component)
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
+        refuse_precision(request.dtype)
+        state = load_file(request.checkpoint, request.device if self.assign else CPU)
+        module = self.build(request.build)
+        plan = WeightLoadPlan(checkpoint_load_device=request.device)
+        report = self.fill(module, state, plan=plan, component=request.component)
         if not self.assign:
-            module.to(device)
+            module.to(request.device)
         events: list[str] = []
-        if channels_last_3d:
+        if request.channels_last_3d:
             for sub in module.modules():
                 if isinstance(sub, nn.Conv3d):
                     sub.weight.data = sub.weight.data.contiguous(
@@ -176,10 +153,10 @@ class PlainLoadStateDict(ReferencePlans):
                     )
             events.append("channels_last_3d")
         prepare = getattr(module, "prepare_decode_dtype", None)
-        if decode_dtype is not None and callable(prepare):
-            prepare(decode_dtype)
-            events.append(f"decode_dtype {decode_dtype}")
-        return module, LoadReport(component, plan, report.records, events=tuple(events))
+        if request.decode_dtype is not None and callable(prepare):
+            prepare(request.decode_dtype)
+            events.append(f"decode_dtype {request.decode_dtype}")
+        return module, LoadReport(request.component, plan, report.records, events=tuple(events))
 
     # --- shared --------------------------------------------------------------------------------
     def build(self, build: Callable[[], nn.Module]) -> nn.Module:

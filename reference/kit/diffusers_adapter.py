@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from torch import nn
 
 from reference.errors import CheckpointError
 from reference.extras import install_hint
-from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, Unsupported
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, Unsupported, VaeRequest
 from reference.plan import WeightLoadPlan
 from reference.quantization import QuantizationSpec
 from reference.report import LoadReport, TensorRecord
@@ -191,19 +191,7 @@ class DiffusersLoader:
         """The keys from_pretrained fills: `model.state_dict()` (its `expected_keys`)."""
         return frozenset(module.state_dict())
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
         """from_pretrained's steps with `device_map={"": device}` and `low_cpu_mem_usage=True`.
 
         `config` is the component's config.json (diffusers reads its `quantization_config`);
@@ -214,23 +202,23 @@ class DiffusersLoader:
                 neither), or a quantizer diffusers accepts (the adapter does not plumb one).
             Whatever diffusers raises, unchanged.
         """
-        if decode_dtype is not None or channels_last_3d:
+        if request.decode_dtype is not None or request.channels_last_3d:
             raise Unsupported(
                 "diffusers' from_pretrained has no decode_dtype or channels_last_3d option"
             )
         lib = self.lib
-        device_map = {"": device}
-        quantizer = self._quantizer(config, quantization)
+        device_map = {"": request.device}
+        quantizer = self._quantizer(request.config, request.quantization)
         if quantizer is not None:
             raise Unsupported(
-                f"{component}: diffusers accepted quantizer {type(quantizer).__name__}; "
+                f"{request.component}: diffusers accepted quantizer {type(quantizer).__name__}; "
                 "this adapter does not plumb diffusers quantizers"
             )
-        where = weight_files(lib, resolve(checkpoint))
+        where = weight_files(lib, resolve(request.checkpoint))
         with contextlib.ExitStack() as stack:
             stack.enter_context(lib.no_init_weights())
             stack.enter_context(lib.init_empty_weights())
-            model = build()
+            model = request.build()
         owner: Any = type(model) if isinstance(model, lib.model_mixin) else lib.model_mixin
         state_dict: Any = None
         if where.keys is None:
@@ -249,15 +237,15 @@ class DiffusersLoader:
             keys,
             low_cpu_mem_usage=True,
             device_map=device_map,
-            dtype=dtype,
+            dtype=request.dtype,
             keep_in_fp32_modules=[] if keep_fp32 is None else list(keep_fp32),
         )
         model, _missing, _unexpected, _mismatched, offload_index, _errors = loaded
         del state_dict
         lib.dispatch_model(model, device_map=device_map, offload_index=offload_index)
         model.eval()
-        plan = WeightLoadPlan(checkpoint_load_device=device)
-        return model, LoadReport(component, plan, self._records(model, keys, where.files))
+        plan = WeightLoadPlan(checkpoint_load_device=request.device)
+        return model, LoadReport(request.component, plan, self._records(model, keys, where.files))
 
     def _quantizer(
         self, config: Mapping[str, object] | None, quantization: QuantizationSpec | None

@@ -7,7 +7,7 @@ contract's capabilities to the reference's modules.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,10 @@ from reference.kit.seam import (
     TENSOR_PARALLEL,
     VAE_STREAM,
     ZERO_COPY,
+    DitRequest,
     PlanLike,
-    Precisions,
+    ServingOptions,
+    VaeRequest,
 )
 from reference.platform import Platform
 from reference.postload import OffloadOptions
@@ -140,28 +142,24 @@ class ReferenceAdapter(ReferencePlans):
         )
         return LoadReport(component=component, plan=real, records=records, events=("load",))
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
+        return self.load_dit_with(request, self.dit_steps(request.plan, fsdp=request.fsdp))
+
+    def load_dit_with(
+        self, request: DitRequest, steps: dit.DiTSteps
     ) -> tuple[nn.Module, LoadReport]:
+        """`request` loaded by the reference's `load_dit` with `steps` (a variant that decides
+        its steps from the request itself, not only from the plan, calls this)."""
         return dit.load_dit(
-            build,
-            checkpoint,
-            plan=self._plan(plan),
-            kinds=kinds,
-            quantization=quantization,
-            fsdp=fsdp,
-            component=component,
-            dtype=dtype,
-            steps=self.dit_steps(plan, fsdp=fsdp),
+            request.build,
+            request.checkpoint,
+            plan=self._plan(request.plan),
+            kinds=request.kinds,
+            quantization=request.quantization,
+            fsdp=request.fsdp,
+            component=request.component,
+            dtype=request.dtype,
+            steps=steps,
         )
 
     def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> dit.DiTSteps:
@@ -197,67 +195,48 @@ class ReferenceAdapter(ReferencePlans):
             slots_mod.state_slots(module, component=type(module).__name__, checks=checks)
         )
 
-    def load_vae(
-        self,
-        build: Callable[[], torch.nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
+    def load_vae(self, request: VaeRequest) -> tuple[torch.nn.Module, LoadReport]:
+        return self.load_vae_with(request, self.vae_steps())
+
+    def load_vae_with(
+        self, request: VaeRequest, steps: vae_mod.VAESteps
     ) -> tuple[torch.nn.Module, LoadReport]:
+        """`request` loaded by the reference's `load_vae` with `steps` (see `load_dit_with`)."""
         return vae_mod.load_vae(
-            build,
-            checkpoint,
-            device=device,
-            component=component,
-            config=config,
-            quantization=quantization,
-            decode_dtype=decode_dtype,
-            channels_last_3d=channels_last_3d,
-            dtype=dtype,
-            steps=self.vae_steps(),
+            request.build,
+            request.checkpoint,
+            device=request.device,
+            component=request.component,
+            config=request.config,
+            quantization=request.quantization,
+            decode_dtype=request.decode_dtype,
+            channels_last_3d=request.channels_last_3d,
+            dtype=request.dtype,
+            steps=steps,
         )
 
     # --- arguments and admission ---------------------------------------------------------------
     def parse_server_args(self, argv: Sequence[str]) -> tuple[args_mod.ServerArgs, list[str]]:
         return args_mod.parse_args(argv)
 
-    def make_server_args(
-        self,
-        *,
-        runtime_device: torch.device,
-        dit_cpu_offload: bool = False,
-        dit_layerwise_offload: bool = False,
-        component_cpu_offload: Mapping[str, Any] | None = None,
-        fsdp_inference: bool = False,
-        tp_size: int = 1,
-        quantization: QuantizationSpec | None = None,
-        direct_gpu_weight_loading: bool = False,
-        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
-        precisions: Precisions | None = None,
-    ) -> args_mod.ServerArgs:
+    def make_server_args(self, options: ServingOptions) -> args_mod.ServerArgs:
         dtypes: dict[str, Any] = {}
-        if precisions is not None:
+        if (precisions := options.precisions) is not None:
             dtypes = {
                 "dit_precision": precisions.dit,
                 "vae_precision": precisions.vae,
                 "component_precisions": precisions.components,
             }
         return args_mod.ServerArgs(
-            runtime_device=runtime_device,
-            dit_cpu_offload=dit_cpu_offload,
-            dit_layerwise_offload=dit_layerwise_offload,
-            component_cpu_offload=component_cpu_offload or {},
-            fsdp_inference=fsdp_inference,
-            tp_size=tp_size,
-            quantization=quantization,
-            direct_gpu_weight_loading=direct_gpu_weight_loading,
-            component_direct_gpu_weight_loading=component_direct_gpu_weight_loading or {},
+            runtime_device=options.runtime_device,
+            dit_cpu_offload=options.dit_cpu_offload,
+            dit_layerwise_offload=options.dit_layerwise_offload,
+            component_cpu_offload=options.component_cpu_offload,
+            fsdp_inference=options.fsdp_inference,
+            tp_size=options.tp_size,
+            quantization=options.quantization,
+            direct_gpu_weight_loading=options.direct_gpu_weight_loading,
+            component_direct_gpu_weight_loading=options.component_direct_gpu_weight_loading,
             **dtypes,
         )
 

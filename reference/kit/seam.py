@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,6 +55,7 @@ __all__ = [
     "CheckpointSafety",
     "CliArgs",
     "DirectDit",
+    "DitRequest",
     "Fp8Defer",
     "LinearKinds",
     "LoadReport",
@@ -71,9 +72,11 @@ __all__ = [
     "QuantizationSpec",
     "SeamLoader",
     "ServerArgsLike",
+    "ServingOptions",
     "TensorParallel",
     "TensorRecord",
     "Unsupported",
+    "VaeRequest",
     "VaeStream",
     "Verdict",
     "ZeroCopy",
@@ -136,6 +139,65 @@ class Precisions:
     dit: torch.dtype
     vae: torch.dtype
     components: Mapping[str, torch.dtype] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DitRequest:
+    """One DiT load as a test asks for it (`load_dit`): the module's builder, the checkpoint (a
+    file, an index or a folder), and how to load it.
+
+    `dtype`: the component's precision (PREC-1): every floating slot in it, except the class's
+    fp32-kept modules and integer or float8 slots (PREC-2); None keeps the dtypes the build
+    gives. `quantization`: online quantization (FP8); `fsdp`: the DiT is sharded for inference
+    (FP8-6)."""
+
+    build: Callable[[], nn.Module]
+    checkpoint: str | os.PathLike[str]
+    _: KW_ONLY
+    plan: PlanLike
+    kinds: LinearKinds
+    quantization: QuantizationSpec | None = None
+    fsdp: bool = False
+    component: str = "transformer"
+    dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class VaeRequest:
+    """One direct VAE load as a test asks for it (`load_vae`).
+
+    `config`: the component's config.json, as read; `decode_dtype` and `channels_last_3d`: the
+    post-load steps VAE-8 names; `dtype` as `DitRequest`'s (PREC-1, PREC-2)."""
+
+    build: Callable[[], nn.Module]
+    checkpoint: Path
+    _: KW_ONLY
+    device: torch.device
+    component: str = "vae"
+    config: Mapping[str, object] | None = None
+    quantization: QuantizationSpec | None = None
+    decode_dtype: torch.dtype | None = None
+    channels_last_3d: bool = False
+    dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingOptions:
+    """Loading options as a test writes them in code (`make_server_args`), unvalidated: the
+    loader validates them as it would its command line (ARGS-4). Per-component maps go in as
+    given (a malformed value is the loader's to refuse). `precisions` None keeps the loader's
+    own defaults (PREC-1)."""
+
+    runtime_device: torch.device
+    dit_cpu_offload: bool = False
+    dit_layerwise_offload: bool = False
+    component_cpu_offload: Mapping[str, Any] = field(default_factory=dict)
+    fsdp_inference: bool = False
+    tp_size: int = 1
+    quantization: QuantizationSpec | None = None
+    direct_gpu_weight_loading: bool = False
+    component_direct_gpu_weight_loading: Mapping[str, Any] = field(default_factory=dict)
+    precisions: Precisions | None = None
 
 
 class Unsupported(NotImplementedError):
@@ -227,25 +289,11 @@ class _DiTLoading(Protocol):
         left untouched (CKPT-5)."""
         ...
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         """Build the DiT on meta (parameters and persistent buffers; non-persistent buffers as
-        construction makes them), load the checkpoint as `plan` says, post-process, maybe defer
-        the offload. Returns the module ready for inference (OUT-1) and its report.
-
-        `dtype`: the component's precision (PREC-1): every floating slot in it, except the
-        class's fp32-kept modules and integer or float8 slots (PREC-2); None keeps the dtypes
-        the build gives."""
+        construction makes them), in the request's dtype, load the checkpoint as its plan says,
+        post-process, maybe defer the offload. Returns the module ready for inference (OUT-1)
+        and its report."""
         ...
 
 
@@ -315,43 +363,17 @@ class VaeStream(Protocol):
         """
         ...
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
         """Direct VAE load: `build()` with parameters and persistent buffers on `meta`,
         headers checked against the slots before any tensor data is read, tensors streamed one
-        at a time into their slots on `device`, converted to each slot's dtype. The report holds
-        one "streamed" record per tensor. `dtype` as `load_dit`'s (PREC-1, PREC-2)."""
+        at a time into their slots on the request's device, converted to each slot's dtype. The
+        report holds one "streamed" record per tensor."""
         ...
 
 
 class _ServerArgsFactory(Protocol):
-    def make_server_args(
-        self,
-        *,
-        runtime_device: torch.device,
-        dit_cpu_offload: bool = False,
-        dit_layerwise_offload: bool = False,
-        component_cpu_offload: Mapping[str, Any] | None = None,
-        fsdp_inference: bool = False,
-        tp_size: int = 1,
-        quantization: QuantizationSpec | None = None,
-        direct_gpu_weight_loading: bool = False,
-        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
-        precisions: Precisions | None = None,
-    ) -> ServerArgsLike:
-        """Loading options built in code; validated like the command line (ARGS-4).
-        `precisions` None keeps the loader's own defaults (PREC-1)."""
+    def make_server_args(self, options: ServingOptions) -> ServerArgsLike:
+        """The loader's own options from `options`, validated like its command line (ARGS-4)."""
         ...
 
 

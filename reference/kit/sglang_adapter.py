@@ -76,6 +76,7 @@ from reference.kit.seam import (
     PLANS,
     VAE_STREAM,
     ZERO_COPY,
+    DitRequest,
     LinearKinds,
     LoadReport,
     OffloadOptions,
@@ -84,8 +85,10 @@ from reference.kit.seam import (
     Precisions,
     QuantizationSpec,
     ServerArgsLike,
+    ServingOptions,
     TensorRecord,
     Unsupported,
+    VaeRequest,
     Verdict,
 )
 
@@ -584,18 +587,7 @@ class SglangLoader:
             )
         return _report(component, real, self._records(module, handed))
 
-    def load_dit(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: str | os.PathLike[str],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        quantization: QuantizationSpec | None = None,
-        fsdp: bool = False,
-        component: str = "transformer",
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         """`maybe_load_fsdp_model` with the plan, as sglang's transformer loader calls it.
 
         `quantization` reaches sglang as the quant config it would build (and the model built
@@ -604,25 +596,25 @@ class SglangLoader:
         this function (transformer_loader.py:507-513); that refusal runs in `admit` here only
         through the arguments gate, as sglang keeps it inside `load_customized`.
         """
-        if dtype is not None:
+        if request.dtype is not None:
             raise Unsupported(
                 "sglang's full-state loader takes the DiT's precision from its server args"
                 " (--dit-precision), which this call does not build; the pipeline path maps it"
             )
         lib = self.lib
-        real = self._plan(plan)
-        files = self._weight_files(checkpoint)
-        if fsdp or not real.load_full_state_dict_on_device:
+        real = self._plan(request.plan)
+        files = self._weight_files(request.checkpoint)
+        if request.fsdp or not real.load_full_state_dict_on_device:
             _tensor_parallel_group(lib)
         # bridge: the suite's plan carries no residency; sglang learns it from
         # `component_starts_on_cpu`: a component whose offload is deferred, or that loads on the
         # host, starts on CPU.
         starts_on_cpu = real.defer_cpu_offload or real.checkpoint_load_device.type == "cpu"
         runtime = real.weight_postprocess_device or real.checkpoint_load_device
-        with _standard_linears(lib, kinds):
+        with _standard_linears(lib, request.kinds):
             module: nn.Module = lib.maybe_load_fsdp_model(
-                model_cls=_native_model(build),
-                init_params={"quant_config": self._quant_config(quantization)},
+                model_cls=_native_model(request.build),
+                init_params={"quant_config": self._quant_config(request.quantization)},
                 weight_dir_list=files,
                 device=runtime,
                 hsdp_replicate_dim=1,
@@ -632,11 +624,11 @@ class SglangLoader:
                 param_dtype=torch.get_default_dtype(),
                 reduce_dtype=torch.float32,
                 component_starts_on_cpu=starts_on_cpu,
-                fsdp_inference=fsdp,
+                fsdp_inference=request.fsdp,
                 strict=True,
                 weight_load_plan=real.sglang_plan,
             )
-        return module, _report(component, real, self._file_records(module, files))
+        return module, _report(request.component, real, self._file_records(module, files))
 
     def offload_for_quantization(
         self, options: OffloadOptions, quantization: QuantizationSpec | None
@@ -713,19 +705,7 @@ class SglangLoader:
             raise _unsupported(error) from error
         return frozenset(slots)
 
-    def load_vae(
-        self,
-        build: Callable[[], nn.Module],
-        checkpoint: Path,
-        *,
-        device: torch.device,
-        component: str = "vae",
-        config: Mapping[str, object] | None = None,
-        quantization: QuantizationSpec | None = None,
-        decode_dtype: torch.dtype | None = None,
-        channels_last_3d: bool = False,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[nn.Module, LoadReport]:
+    def load_vae(self, request: VaeRequest) -> tuple[nn.Module, LoadReport]:
         """`VAELoader.load_customized` with `--component-direct-gpu-weight-loading.<component>`.
 
         Raises:
@@ -736,15 +716,15 @@ class SglangLoader:
                 never from the caller).
             ComponentCheckpointUnsupportedError: sglang refused (its error, converted).
         """
-        if dtype is not None:
+        if request.dtype is not None:
             raise Unsupported("sglang's VAE loader takes its precision from its server args")
         lib = self.lib
         local = torch.device(lib.server_args_module.current_platform.device_type)
-        if device.type != local.type:
+        if request.device.type != local.type:
             raise Unsupported(f"sglang places a VAE on its platform device {local}")
-        if quantization is not None:
+        if request.quantization is not None:
             raise Unsupported("sglang's VAE loader takes quantization from config.json")
-        if decode_dtype is not None or channels_last_3d:
+        if request.decode_dtype is not None or request.channels_last_3d:
             raise Unsupported(
                 "sglang picks the decode dtype and channels_last_3d from its pipeline config"
             )
@@ -752,22 +732,24 @@ class SglangLoader:
         # bridge: sglang refuses the direct flag at construction on a non-CUDA platform
         # (server_args.py:4086); the VAE loader itself runs on any device, so the flag is set
         # after construction.
-        args.component_direct_gpu_weight_loading = {component: True}
-        with self._component_folder(build, checkpoint, config) as folder:
+        args.component_direct_gpu_weight_loading = {request.component: True}
+        with self._component_folder(request.build, request.checkpoint, request.config) as folder:
             try:
-                module: nn.Module = lib.VAELoader().load_customized(str(folder), args, component)
+                module: nn.Module = lib.VAELoader().load_customized(
+                    str(folder), args, request.component
+                )
             except lib.unsupported_error as error:
                 raise _unsupported(error) from error
         # sglang's `ComponentLoader.load` finalises every component after `load_customized`
         # (component_loader.py:506): eval mode, frozen parameters, nothing left on meta.
         lib_utils = importlib.import_module("sglang.multimodal_gen.runtime.loader.utils")
         lib_utils.finalize_loaded_model(module)
-        plan = SglangPlan(lib.WeightLoadPlan(checkpoint_load_device=device))
+        plan = SglangPlan(lib.WeightLoadPlan(checkpoint_load_device=request.device))
         records = [
             TensorRecord(name, "streamed", tensor.nbytes)
             for name, tensor in module.state_dict().items()
         ]
-        return module, _report(component, plan, records)
+        return module, _report(request.component, plan, records)
 
     @contextlib.contextmanager
     def _component_folder(
@@ -818,20 +800,7 @@ class SglangLoader:
     def _server_args(self, **fields: Any) -> Any:
         return self.lib.ServerArgs(model_path=MODEL_PATH, **fields)
 
-    def make_server_args(
-        self,
-        *,
-        runtime_device: torch.device,
-        dit_cpu_offload: bool = False,
-        dit_layerwise_offload: bool = False,
-        component_cpu_offload: Mapping[str, Any] | None = None,
-        fsdp_inference: bool = False,
-        tp_size: int = 1,
-        quantization: QuantizationSpec | None = None,
-        direct_gpu_weight_loading: bool = False,
-        component_direct_gpu_weight_loading: Mapping[str, Any] | None = None,
-        precisions: Precisions | None = None,
-    ) -> ServerArgsLike:
+    def make_server_args(self, options: ServingOptions) -> ServerArgsLike:
         """`ServerArgs(...)`: sglang's construction normalises and validates (ARGS-4, DG-2).
 
         `precisions` map onto sglang's own `dit_precision`, `vae_precision` and
@@ -850,25 +819,27 @@ class SglangLoader:
             else RESIDENT
             if offloaded is False
             else offloaded
-            for name, offloaded in (component_cpu_offload or {}).items()
+            for name, offloaded in (options.component_cpu_offload or {}).items()
         }
-        if quantization is not None and quantization.serialized:
+        if options.quantization is not None and options.quantization.serialized:
             raise Unsupported("sglang reads a serialized quantization from config.json")
         # bridge: sglang has no runtime-device setting, and checks the platform while
         # constructing; the suite checks it at admission with the platform it passes (`admit`
-        # runs the same sglang validation there). Construction here answers CUDA.
-        del runtime_device
+        # runs the same sglang validation there). Construction here answers CUDA, whatever
+        # `options.runtime_device` says.
         with _platform(self.lib, cuda=True):
             args = self._server_args(
-                dit_cpu_offload=dit_cpu_offload,
-                dit_layerwise_offload=dit_layerwise_offload,
-                use_fsdp_inference=fsdp_inference,
-                tp_size=tp_size,
+                dit_cpu_offload=options.dit_cpu_offload,
+                dit_layerwise_offload=options.dit_layerwise_offload,
+                use_fsdp_inference=options.fsdp_inference,
+                tp_size=options.tp_size,
                 component_residency=residency or None,
-                quantization=None if quantization is None else quantization.method,
-                direct_gpu_weight_loading=direct_gpu_weight_loading,
-                component_direct_gpu_weight_loading=dict(component_direct_gpu_weight_loading or {}),
-                **_precision_fields(precisions),
+                quantization=None if options.quantization is None else options.quantization.method,
+                direct_gpu_weight_loading=options.direct_gpu_weight_loading,
+                component_direct_gpu_weight_loading=dict(
+                    options.component_direct_gpu_weight_loading or {}
+                ),
+                **_precision_fields(options.precisions),
             )
         return cast(ServerArgsLike, args)
 

@@ -25,7 +25,7 @@ from reference.kit.fakes.layers import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.seam import DIRECT_DIT, Plan, PlanLike, SeamLoader
+from reference.kit.seam import DIRECT_DIT, DitRequest, Plan, PlanLike, SeamLoader
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 
@@ -101,7 +101,7 @@ def test_direct_mode_allocates_each_eligible_tensor_once_on_the_device(
     torch.cuda.synchronize(gpu_device)
     torch.cuda.reset_accumulated_memory_stats(gpu_device)
     before = torch.cuda.memory_stats(gpu_device)["allocated_bytes.all.allocated"]
-    module, _ = loader.load_dit(build, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(build, path, plan=direct_plan, kinds=LINEAR_KINDS))
     torch.cuda.synchronize(gpu_device)
     allocated = torch.cuda.memory_stats(gpu_device)["allocated_bytes.all.allocated"] - before
     assert {t.device.type for t in [*module.parameters(), *module.buffers()]} == {"cuda"}
@@ -137,7 +137,7 @@ def test_direct_mode_adopts_the_tensors_it_read_onto_the_device(
         return tensor
 
     mocker.patch.object(TensorReader, "read", autospec=True, side_effect=read)
-    module, _ = loader.load_dit(build, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(build, path, plan=direct_plan, kinds=LINEAR_KINDS))
     assert {name: len(reads) for name, reads in produced.items()} == dict.fromkeys(sizes, 1)
     assert all(reads[0].device.type == "cuda" for reads in produced.values())
     adopted = eligible(module)
@@ -166,7 +166,7 @@ def test_direct_peak_device_memory_is_the_model_plus_the_largest_tensor(
     torch.cuda.reset_peak_memory_stats(gpu_device)
     before = torch.cuda.memory_allocated(gpu_device)
 
-    module, _ = loader.load_dit(build, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(build, path, plan=direct_plan, kinds=LINEAR_KINDS))
     torch.cuda.synchronize(gpu_device)
     peak = torch.cuda.max_memory_allocated(gpu_device) - before
     held = torch.cuda.memory_allocated(gpu_device) - before

@@ -18,7 +18,7 @@ from torch import nn
 from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
-from reference.kit.seam import FP8_DEFER, Plan, PlanLike, SeamLoader
+from reference.kit.seam import FP8_DEFER, DitRequest, Plan, PlanLike, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER)
@@ -93,11 +93,13 @@ def test_quantized_on_the_device_then_offloaded_with_the_same_bits(
     mocker.patch.object(method, "process_weights_after_loading", autospec=True, side_effect=process)
     mocker.patch.object(TinyDiT, "_apply", autospec=True, side_effect=move)
     module, _ = loader.load_dit(
-        lambda: TinyDiT(CONFIG, quantization=spec),
-        path,
-        plan=plan,
-        kinds=LINEAR_KINDS,
-        quantization=spec,
+        DitRequest(
+            lambda: TinyDiT(CONFIG, quantization=spec),
+            path,
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+        )
     )
 
     kinds = [kind for kind, _, _ in events]

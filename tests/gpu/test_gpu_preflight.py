@@ -22,7 +22,7 @@ from reference.errors import DeviceMemoryError
 from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
-from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader
+from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader, ServingOptions
 from reference.platform import SYSTEM
 
 pytestmark = pytest.mark.capability(DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES)
@@ -93,7 +93,9 @@ def test_direct_load_beyond_the_real_free_memory_is_refused_before_any_byte_move
         folder, component="transformer", device=gpu_device, platform=SYSTEM
     )
     assert needed >= total  # and it fits now: no reservation yet, so no refusal
-    args = loader.make_server_args(runtime_device=gpu_device, direct_gpu_weight_loading=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=gpu_device, direct_gpu_weight_loading=True)
+    )
     reservation = reserve_all_but(gpu_device, LEFT_FREE)
     try:
         free = SYSTEM.free_device_memory(gpu_device)

@@ -20,7 +20,7 @@ from torch import nn
 
 from reference.kit.fakes.vae import StandardVAE, VAEConfig
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
-from reference.kit.seam import VAE_STREAM, SeamLoader
+from reference.kit.seam import VAE_STREAM, SeamLoader, VaeRequest
 from reference.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
@@ -57,7 +57,7 @@ def stream(
 ) -> tuple[nn.Module, PeakSampler]:
     release_freed_host_memory()
     with PeakSampler() as sampler:
-        module, _ = loader.load_vae(lambda: StandardVAE(config), path, device=device)
+        module, _ = loader.load_vae(VaeRequest(lambda: StandardVAE(config), path, device=device))
         torch.cuda.synchronize(device)
     return module, sampler
 

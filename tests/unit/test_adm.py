@@ -43,6 +43,7 @@ from reference.kit.seam import (
     PIPELINES,
     Precisions,
     SeamLoader,
+    ServingOptions,
 )
 from reference.pipeline import ModelRegistry
 from reference.quantization import QuantizationSpec
@@ -94,9 +95,11 @@ def _select(
     loader: SeamLoader, *names: str, device: torch.device = ACCEL, **options: Any
 ) -> ServerArgsLike:
     return loader.make_server_args(
-        runtime_device=device,
-        component_direct_gpu_weight_loading=dict.fromkeys(names, True),
-        **options,
+        ServingOptions(
+            runtime_device=device,
+            component_direct_gpu_weight_loading=dict.fromkeys(names, True),
+            **options,
+        )
     )
 
 
@@ -151,8 +154,10 @@ def test_declared_selections_and_unselected_unknowns_pass(
     loader: SeamLoader, pipeline_dir: Path
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        component_direct_gpu_weight_loading={"vae": True, "video-vae": True},
+        ServingOptions(
+            runtime_device=ACCEL,
+            component_direct_gpu_weight_loading={"vae": True, "video-vae": True},
+        )
     )
     loader.admit(pipeline_dir, args, platform=CUDA)
 
@@ -164,7 +169,9 @@ def test_reference_ignores_an_undeclared_component_set_to_false(
     loader: SeamLoader, pipeline_dir: Path
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL, component_direct_gpu_weight_loading={"vae": True, "nope": False}
+        ServingOptions(
+            runtime_device=ACCEL, component_direct_gpu_weight_loading={"vae": True, "nope": False}
+        )
     )
     loader.admit(pipeline_dir, args, platform=CUDA)
 
@@ -173,10 +180,12 @@ def test_reference_ignores_an_undeclared_component_set_to_false(
 @pytest.mark.rule("ADM-1")
 def test_dit_flag_without_a_transformer_is_refused(loader: SeamLoader, tmp_path: Path) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
-    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    )
     error = refusal(lambda: loader.admit(root, args, platform=CUDA))
     assert_names_one_of(error, DIT, DIT_U)
-    loader.admit(root, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
+    loader.admit(root, loader.make_server_args(ServingOptions(runtime_device=ACCEL)), platform=CUDA)
 
 
 # --- ADM-2: the arguments gate --------------------------------------------------------------------
@@ -205,7 +214,7 @@ def test_selected_component_needs_cuda_and_residency(
         lambda: loader.admit(
             pipeline_dir,
             loader.make_server_args(
-                component_direct_gpu_weight_loading={selected: True}, **options
+                ServingOptions(component_direct_gpu_weight_loading={selected: True}, **options)
             ),
             platform=platform,
         )
@@ -213,7 +222,9 @@ def test_selected_component_needs_cuda_and_residency(
     assert_names_one_of(error, SEL, SEL_U)
     assert_names_component(error, name)
     # Without the selection the same options are admitted: the refusal is about the request.
-    loader.admit(pipeline_dir, loader.make_server_args(**options), platform=platform)
+    loader.admit(
+        pipeline_dir, loader.make_server_args(ServingOptions(**options)), platform=platform
+    )
 
 
 @pytest.mark.capability(ADMISSION)
@@ -350,7 +361,7 @@ def test_unhonourable_request_raises_the_no_fallback_error(
 ) -> None:
     """The no-fallback error, naming the flag and the component (when it is raised is judged
     apart, by read evidence)."""
-    args = loader.make_server_args(runtime_device=ACCEL, **options)
+    args = loader.make_server_args(ServingOptions(runtime_device=ACCEL, **options))
     error = refusal(
         lambda: loader.load_pipeline_component(big_pipeline, component, args, platform=CUDA),
         error=ComponentCheckpointUnsupportedError,
@@ -372,7 +383,7 @@ def test_unhonourable_request_is_refused_before_any_file_access(
     apart: here any ValueError will do)."""
     files = sorted((big_pipeline / component).glob("*.safetensors"))
     assert data_bytes(*files) >= 16 * MIB
-    args = loader.make_server_args(runtime_device=ACCEL, **options)
+    args = loader.make_server_args(ServingOptions(runtime_device=ACCEL, **options))
     errors: list[BaseException] = []
 
     def load() -> None:
@@ -447,10 +458,15 @@ def test_without_the_flag_the_same_loader_loads(
 ) -> None:
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     for args in (
-        loader.make_server_args(runtime_device=runtime_device),
-        loader.make_server_args(runtime_device=runtime_device, direct_gpu_weight_loading=True),
+        loader.make_server_args(ServingOptions(runtime_device=runtime_device)),
         loader.make_server_args(
-            runtime_device=runtime_device, component_direct_gpu_weight_loading={"vocoder": False}
+            ServingOptions(runtime_device=runtime_device, direct_gpu_weight_loading=True)
+        ),
+        loader.make_server_args(
+            ServingOptions(
+                runtime_device=runtime_device,
+                component_direct_gpu_weight_loading={"vocoder": False},
+            )
         ),
     ):
         module = loader.load_pipeline_component(
@@ -543,7 +559,9 @@ def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
 ) -> None:
     """One rule answers at every layer: the arguments that admission refuses for a quantized
     DiT, its loader refuses too, with the same no-fallback error naming the same component."""
-    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
+    )
     at_admission = refusal(
         lambda: loader.admit(big_pipeline, args, platform=CUDA),
         error=ComponentCheckpointUnsupportedError,
@@ -651,7 +669,9 @@ def test_quantized_direct_dit_is_refused_before_any_tensor_data_is_read(
     (by its own config.json, or by a quantization request) asked for direct loading is refused
     before a byte of its tensor data is read."""
     files = sorted((big_pipeline / component).glob("*.safetensors"))
-    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True, **options)
+    )
     errors: list[BaseException] = []
 
     def load() -> None:
@@ -677,13 +697,15 @@ def test_quantized_dit_in_its_own_config_is_refused_at_admission(
 ) -> None:
     quantized = replace(FULL_PIPELINE[component], quantization_config={"quant_method": method})
     root = write_pipeline(tmp_path, {**FULL_PIPELINE, component: quantized})
-    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    )
     error = refusal(
         lambda: loader.admit(root, args, platform=CUDA), error=ComponentCheckpointUnsupportedError
     )
     assert_names_one_of(error, DIT, DIT_U)
     assert_names_component(error, component)
-    loader.admit(root, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
+    loader.admit(root, loader.make_server_args(ServingOptions(runtime_device=ACCEL)), platform=CUDA)
 
 
 @pytest.mark.capability(ADMISSION)
@@ -697,7 +719,9 @@ def test_quantization_flag_with_direct_dit_is_refused_at_admission(
     loader: SeamLoader, pipeline_dir: Path, quantization: QuantizationSpec
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL, direct_gpu_weight_loading=True, quantization=quantization
+        ServingOptions(
+            runtime_device=ACCEL, direct_gpu_weight_loading=True, quantization=quantization
+        )
     )
     error = refusal(
         lambda: loader.admit(pipeline_dir, args, platform=CUDA),
@@ -705,7 +729,7 @@ def test_quantization_flag_with_direct_dit_is_refused_at_admission(
     )
     assert_names_one_of(error, DIT, DIT_U)
     assert_names_component(error, "transformer")
-    plain = loader.make_server_args(runtime_device=ACCEL, quantization=quantization)
+    plain = loader.make_server_args(ServingOptions(runtime_device=ACCEL, quantization=quantization))
     loader.admit(pipeline_dir, plain, platform=CUDA)
 
 
@@ -799,7 +823,9 @@ def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
     root = write_pipeline(tmp_path, {"transformer": dit})
     files = sorted((root / "transformer").glob("*.safetensors"))
     assert data_bytes(*files) >= 16 * MIB
-    args = loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    )
     tiny = FakePlatform(cuda=True, free_bytes=MIB)
     loader.admit(root, args, platform=tiny)  # the arguments are fine; only the memory is short
     errors: list[BaseException] = []
@@ -868,7 +894,9 @@ def test_without_a_flag_every_component_loads_as_an_ordinary_load_would(
     # The precision the ordinary build below has (its classes build in fp32), handed over
     # explicitly: defaults of precision are PREC-1's to judge.
     as_built = Precisions(dit=torch.float32, vae=torch.float32)
-    args = loader.make_server_args(runtime_device=runtime_device, precisions=as_built, **options)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, precisions=as_built, **options)
+    )
     for name, component in SMALL_PIPELINE.items():
         module = loader.load_pipeline_component(
             root, name, args, platform=CUDA, models=MODELS_BY_NAME

@@ -22,7 +22,7 @@ from reference.kit.fakes.pipelines import (
 )
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.fakes.vae import UnrebuiltBufferVAE, VAEConfig
-from reference.kit.seam import ADMISSION, PIPELINES, Precisions, SeamLoader
+from reference.kit.seam import ADMISSION, PIPELINES, Precisions, SeamLoader, ServingOptions
 
 pytestmark = pytest.mark.rule("ADM-6")
 
@@ -68,12 +68,14 @@ def test_without_a_flag_no_gate_refuses(
 ) -> None:
     # Every option that would refuse a direct request is set; nothing asks for one.
     args = loader.make_server_args(
-        runtime_device=runtime_device,
-        dit_cpu_offload=True,
-        dit_layerwise_offload=True,
-        component_cpu_offload={"vae": True},
-        fsdp_inference=True,
-        tp_size=2,
+        ServingOptions(
+            runtime_device=runtime_device,
+            dit_cpu_offload=True,
+            dit_layerwise_offload=True,
+            component_cpu_offload={"vae": True},
+            fsdp_inference=True,
+            tp_size=2,
+        )
     )
     loader.admit(pipeline_dir, args, platform=NO_CUDA)
 
@@ -85,7 +87,9 @@ def test_without_a_flag_each_component_loads_as_an_ordinary_build(
 ) -> None:
     # The precision the ordinary build has (fp32), handed over: defaults are PREC-1's to judge.
     as_built = Precisions(dit=torch.float32, vae=torch.float32)
-    args = loader.make_server_args(runtime_device=runtime_device, precisions=as_built)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, precisions=as_built)
+    )
     module = loader.load_pipeline_component(
         pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME
     )

@@ -18,7 +18,7 @@ import torch
 from reference.kit.fakes.judge import refusal, skip_cpu_runtime_without_the_setting
 from reference.kit.fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
 from reference.kit.fakes.platform import FakePlatform
-from reference.kit.seam import ADMISSION, CLI_ARGS, SeamLoader
+from reference.kit.seam import ADMISSION, CLI_ARGS, SeamLoader, ServingOptions
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)
@@ -55,7 +55,10 @@ def test_direct_flag_is_off_by_default(loader: SeamLoader) -> None:
     args, rest = loader.parse_server_args(["--zz-unrelated-option", "1"])
     assert args.direct_gpu_weight_loading is False
     assert sorted(rest) == ["--zz-unrelated-option", "1"]  # their order is ARGS-3's
-    assert loader.make_server_args(runtime_device=ACCEL).direct_gpu_weight_loading is False
+    assert (
+        loader.make_server_args(ServingOptions(runtime_device=ACCEL)).direct_gpu_weight_loading
+        is False
+    )
 
 
 def dit_flag_cases(*flags: str) -> list[tuple[list[str], bool]]:
@@ -307,7 +310,7 @@ def test_construction_refuses_component_values_that_are_not_bools(
 ) -> None:
     error = refusal(
         lambda: loader.make_server_args(
-            runtime_device=ACCEL, component_direct_gpu_weight_loading={name: value}
+            ServingOptions(runtime_device=ACCEL, component_direct_gpu_weight_loading={name: value})
         )
     )
     assert_names_one_of(error, *spellings(name))
@@ -318,7 +321,7 @@ def test_construction_refuses_component_values_that_are_not_bools(
 def test_construction_refuses_an_empty_component_name(loader: SeamLoader) -> None:
     refusal(
         lambda: loader.make_server_args(
-            runtime_device=ACCEL, component_direct_gpu_weight_loading={"": True}
+            ServingOptions(runtime_device=ACCEL, component_direct_gpu_weight_loading={"": True})
         )
     )
 
@@ -328,8 +331,10 @@ def test_construction_refuses_an_empty_component_name(loader: SeamLoader) -> Non
 def test_construction_refuses_two_spellings_with_different_values(loader: SeamLoader) -> None:
     error = refusal(
         lambda: loader.make_server_args(
-            runtime_device=ACCEL,
-            component_direct_gpu_weight_loading={"video-vae": True, "video_vae": False},
+            ServingOptions(
+                runtime_device=ACCEL,
+                component_direct_gpu_weight_loading={"video-vae": True, "video_vae": False},
+            )
         )
     )
     assert_names_one_of(error, *spellings("video_vae"))
@@ -342,7 +347,9 @@ def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
     loader: SeamLoader, value: object
 ) -> None:
     error = refusal(
-        lambda: loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=value)  # type: ignore[arg-type]
+        lambda: loader.make_server_args(
+            ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=value)
+        )  # type: ignore[arg-type]
     )
     assert_names_one_of(error, "direct_gpu_weight_loading", DIT)
 
@@ -352,9 +359,11 @@ def test_construction_refuses_a_dit_flag_that_is_not_a_bool(
 @pytest.mark.parametrize("value", [True, False])
 def test_construction_accepts_real_bools(loader: SeamLoader, value: bool) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        direct_gpu_weight_loading=value,
-        component_direct_gpu_weight_loading={"vae": value, "audio-vae": not value},
+        ServingOptions(
+            runtime_device=ACCEL,
+            direct_gpu_weight_loading=value,
+            component_direct_gpu_weight_loading={"vae": value, "audio-vae": not value},
+        )
     )
     assert args.direct_gpu_weight_loading is value
     assert dict(args.component_direct_gpu_weight_loading) == {"vae": value, "audio_vae": not value}
@@ -364,8 +373,14 @@ def test_construction_accepts_real_bools(loader: SeamLoader, value: bool) -> Non
 @pytest.mark.rule("ARGS-4")
 def test_construction_normalises_names(loader: SeamLoader) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        component_direct_gpu_weight_loading={"video-vae": True, "video_vae": True, "vae": False},
+        ServingOptions(
+            runtime_device=ACCEL,
+            component_direct_gpu_weight_loading={
+                "video-vae": True,
+                "video_vae": True,
+                "vae": False,
+            },
+        )
     )
     assert dict(args.component_direct_gpu_weight_loading) == {"video_vae": True, "vae": False}
 
@@ -403,7 +418,9 @@ def test_should_direct_load_answers_by_exact_normalised_name(loader: SeamLoader)
     for other in ("vae", "VIDEO_VAE", "Video_Vae", "video", "video_vae_2", "transformer"):
         assert ask(other) is False, other
     built = loader.make_server_args(
-        runtime_device=ACCEL, component_direct_gpu_weight_loading={"video-vae": True}
+        ServingOptions(
+            runtime_device=ACCEL, component_direct_gpu_weight_loading={"video-vae": True}
+        )
     )
     assert built.should_direct_gpu_weight_load_component("video_vae") is True
     assert built.should_direct_gpu_weight_load_component("VIDEO_VAE") is False
@@ -413,8 +430,10 @@ def test_should_direct_load_answers_by_exact_normalised_name(loader: SeamLoader)
 @pytest.mark.rule("ARGS-5")
 def test_should_direct_load_is_false_by_default(loader: SeamLoader) -> None:
     for args in (
-        loader.make_server_args(runtime_device=ACCEL),
-        loader.make_server_args(runtime_device=ACCEL, direct_gpu_weight_loading=True),
+        loader.make_server_args(ServingOptions(runtime_device=ACCEL)),
+        loader.make_server_args(
+            ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+        ),
         loader.parse_server_args([])[0],
     ):
         for name in ("vae", "video_vae", "audio_vae", "vocoder"):
@@ -451,7 +470,9 @@ def two_dits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_direct_dit_is_admitted_when_every_condition_holds(
     loader: SeamLoader, one_dit: Path, device: torch.device, platform: FakePlatform
 ) -> None:
-    args = loader.make_server_args(runtime_device=device, direct_gpu_weight_loading=True)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=device, direct_gpu_weight_loading=True)
+    )
     loader.admit(one_dit, args, platform=platform)
 
 
@@ -479,13 +500,13 @@ def test_direct_dit_refusals_name_the_flag(
     error = refusal(
         lambda: loader.admit(
             one_dit,
-            loader.make_server_args(direct_gpu_weight_loading=True, **options),  # type: ignore[arg-type]
+            loader.make_server_args(ServingOptions(direct_gpu_weight_loading=True, **options)),  # type: ignore[arg-type]
             platform=platform,
         )
     )
     assert_names_one_of(error, DIT, DIT_U)
     # The same options without the flag are fine: the refusal is about the flag.
-    loader.admit(one_dit, loader.make_server_args(**options), platform=platform)  # type: ignore[arg-type]
+    loader.admit(one_dit, loader.make_server_args(ServingOptions(**options)), platform=platform)  # type: ignore[arg-type]
 
 
 @pytest.mark.capability(CLI_ARGS)
@@ -523,9 +544,11 @@ def test_component_offload_entry_false_keeps_the_dit_resident(
     loader: SeamLoader, one_dit: Path
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        direct_gpu_weight_loading=True,
-        component_cpu_offload={"vae": True, "transformer": False},
+        ServingOptions(
+            runtime_device=ACCEL,
+            direct_gpu_weight_loading=True,
+            component_cpu_offload={"vae": True, "transformer": False},
+        )
     )
     loader.admit(one_dit, args, platform=CUDA)
 
@@ -546,12 +569,16 @@ def test_residency_is_checked_for_every_transformer(
     loader: SeamLoader, two_dits: Path, offloaded: dict[str, bool], named: str
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL, direct_gpu_weight_loading=True, component_cpu_offload=offloaded
+        ServingOptions(
+            runtime_device=ACCEL, direct_gpu_weight_loading=True, component_cpu_offload=offloaded
+        )
     )
     error = refusal(lambda: loader.admit(two_dits, args, platform=CUDA))
     assert_names_one_of(error, DIT, DIT_U)
     assert names_component(str(error), named), f"does not name {named!r}: {error}"
-    loader.admit(two_dits, loader.make_server_args(runtime_device=ACCEL), platform=CUDA)
+    loader.admit(
+        two_dits, loader.make_server_args(ServingOptions(runtime_device=ACCEL)), platform=CUDA
+    )
 
 
 @pytest.mark.capability(ADMISSION)
@@ -568,9 +595,11 @@ def test_dit_refusal_names_every_transformer(
     loader: SeamLoader, two_dits: Path, options: dict[str, object]
 ) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        direct_gpu_weight_loading=True,
-        **options,  # type: ignore[arg-type]
+        ServingOptions(
+            runtime_device=ACCEL,
+            direct_gpu_weight_loading=True,
+            **options,  # type: ignore[arg-type]
+        )
     )
     error = refusal(lambda: loader.admit(two_dits, args, platform=CUDA))
     assert_names_one_of(error, DIT, DIT_U)
@@ -602,9 +631,11 @@ def test_a_global_cause_names_the_flag_and_the_cause(
         lambda: loader.admit(
             two_dits,
             loader.make_server_args(
-                runtime_device=ACCEL,
-                direct_gpu_weight_loading=True,
-                **options,  # type: ignore[arg-type]
+                ServingOptions(
+                    runtime_device=ACCEL,
+                    direct_gpu_weight_loading=True,
+                    **options,  # type: ignore[arg-type]
+                )
             ),
             platform=platform,
         )
@@ -618,8 +649,10 @@ def test_a_global_cause_names_the_flag_and_the_cause(
 @pytest.mark.rule("DG-7")
 def test_undeclared_second_transformer_is_not_checked(loader: SeamLoader, one_dit: Path) -> None:
     args = loader.make_server_args(
-        runtime_device=ACCEL,
-        direct_gpu_weight_loading=True,
-        component_cpu_offload={"transformer_2": True},
+        ServingOptions(
+            runtime_device=ACCEL,
+            direct_gpu_weight_loading=True,
+            component_cpu_offload={"transformer_2": True},
+        )
     )
     loader.admit(one_dit, args, platform=CUDA)

@@ -46,6 +46,7 @@ from reference.kit.seam import (
     DIRECT_DIT,
     FP8_DEFER,
     ZERO_COPY,
+    DitRequest,
     Plan,
     PlanLike,
     SeamLoader,
@@ -158,11 +159,13 @@ def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
     since = mark()
     error = failure_of(
         lambda: loader.load_dit(
-            CorpusDiT,
-            checkpoint,
-            plan=offload_plan,
-            kinds=LINEAR_KINDS,
-            quantization=QuantizationSpec("fp8"),
+            DitRequest(
+                CorpusDiT,
+                checkpoint,
+                plan=offload_plan,
+                kinds=LINEAR_KINDS,
+                quantization=QuantizationSpec("fp8"),
+            )
         )
     )
     # FP8-5 names no error type: the load must raise (failure_of), naming what was asked for.
@@ -220,7 +223,9 @@ def test_tied_parameters_load_from_files_as_one(
     weight = torch.randn(8, 4)
     checkpoint = write_checkpoint({n: weight.clone() for n in names}, tmp_path)
     sealed.add(tmp_path)
-    module, report = loader.load_dit(TiedPair, checkpoint, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, report = loader.load_dit(
+        DitRequest(TiedPair, checkpoint, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     assert isinstance(module, TiedPair)
     assert module.a.weight is module.b.weight
     assert torch.equal(module.a.weight, weight)

@@ -18,7 +18,14 @@ from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
 from reference.kit.fakes.guards import BLOCKING, make_blocking_file
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
-from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, ZERO_COPY, Plan
+from reference.kit.seam import (
+    CHECKPOINT_SAFETY,
+    VAE_STREAM,
+    ZERO_COPY,
+    DitRequest,
+    Plan,
+    VaeRequest,
+)
 
 
 def blocking_shard(kind: str, folder: Path) -> Path:
@@ -67,9 +74,8 @@ def test_a_shard_that_would_block_stops_no_load(
 ) -> None:
     shard = blocking_shard(kind, tmp_path / "ckpt")
     if path == "dit-adopt":
-        result = isolated(
-            "load_dit", CorpusDiT, shard, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS
-        )
+        dit = DitRequest(CorpusDiT, shard, plan=Plan(torch.device("cpu")), kinds=LINEAR_KINDS)
+        result = isolated("load_dit", dit)
     else:
-        result = isolated("load_vae", CorpusVAE, shard, device=torch.device("cpu"))
+        result = isolated("load_vae", VaeRequest(CorpusVAE, shard, device=torch.device("cpu")))
     assert_refused_in_time(result, shard.name)

@@ -16,7 +16,7 @@ from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
 from reference.kit.fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
-from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader
+from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader, VaeRequest
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -213,9 +213,11 @@ def test_sharded_vae_checkpoint_streams_like_a_single_file(
     assert index.name.endswith(".safetensors.index.json")
     single = write_vae_checkpoint(state, tmp_path / "single")
     sharded, report = loader.load_vae(
-        RecordingBuild(), index if given == "index" else index.parent, device=runtime_device
+        VaeRequest(
+            RecordingBuild(), index if given == "index" else index.parent, device=runtime_device
+        )
     )
-    reference, _ = loader.load_vae(RecordingBuild(), single, device=runtime_device)
+    reference, _ = loader.load_vae(VaeRequest(RecordingBuild(), single, device=runtime_device))
     expected = reference.state_dict()
     got = sharded.state_dict()
     assert set(got) == set(expected) == set(state)
@@ -240,7 +242,7 @@ def test_index_disagreeing_with_its_shards_fails_before_the_vae_is_built(
     index.write_text(json.dumps(raw))
     build = RecordingBuild()
     refusal(
-        lambda: loader.load_vae(build, index, device=runtime_device),
+        lambda: loader.load_vae(VaeRequest(build, index, device=runtime_device)),
         "decoder.ghost.weight",
         index.name,
     )
@@ -262,14 +264,18 @@ def test_header_mismatch_fails_before_any_tensor_data_is_read(
     if reason is not None:
         pytest.skip(reason)
     warm = write_vae_checkpoint(_vae_state(), tmp_path / "warm-up")
-    loader.load_vae(RecordingBuild(), warm, device=runtime_device)  # lazy imports, not data
+    loader.load_vae(
+        VaeRequest(RecordingBuild(), warm, device=runtime_device)
+    )  # lazy imports, not data
     big = VAEConfig(hidden=256)
     bad = write_defective_vae_checkpoint(defect, _vae_state(big), tmp_path / "bad", shards=shards)
     data = data_bytes(*safetensors_files(bad.path))
     assert data >= 16 * 1024**2
     build = RecordingBuild(config=big)
     with DataReads() as reads:
-        refusal(lambda: loader.load_vae(build, bad.path, device=runtime_device), bad.name)
+        refusal(
+            lambda: loader.load_vae(VaeRequest(build, bad.path, device=runtime_device)), bad.name
+        )
     reads.assert_no_data_read(data)
     # the module, where one was built, is untouched: every slot still on meta
     build.assert_untouched()

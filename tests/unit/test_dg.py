@@ -30,7 +30,7 @@ from reference.kit.fakes.layers import (
 from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.fakes.load_paths import direct_load_host_growth
 from reference.kit.isolated import Attempt
-from reference.kit.seam import DIRECT_DIT, PLANS, Plan, PlanLike, SeamLoader
+from reference.kit.seam import DIRECT_DIT, PLANS, DitRequest, Plan, PlanLike, SeamLoader
 from reference.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
@@ -121,7 +121,7 @@ def test_direct_mode_reads_no_tensor_data_onto_the_host(
     else:
         with PeakSampler() as host:
             module, report = loader.load_dit(
-                lambda: TinyDiT(BIG), path, plan=direct_plan, kinds=LINEAR_KINDS
+                DitRequest(lambda: TinyDiT(BIG), path, plan=direct_plan, kinds=LINEAR_KINDS)
             )
         assert report.plan.load_full_state_dict_on_device is True
         growth, devices = host.anon_growth, tuple({d.type for d in on_device(module)})
@@ -196,7 +196,7 @@ def test_direct_mode_values_equal_the_checkpoint(
     loader: SeamLoader, direct_plan: PlanLike, direct_device: torch.device, tmp_path: Path
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, dtype=torch.bfloat16)
-    module, _ = loader.load_dit(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS))
     for name, tensor in module.state_dict().items():
         assert torch.equal(tensor.cpu(), state[name].float()), name
 
@@ -220,7 +220,7 @@ def test_direct_mode_onto_the_cpu_holds_no_view_of_the_files(
     if reason is not None:
         pytest.skip(reason)
     path, _ = write_dit_checkpoint(tmp_path, shards=shards)
-    module, _ = loader.load_dit(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS))
     mapped = sorted(
         name
         for name, tensor in module.state_dict(keep_vars=True).items()
@@ -280,7 +280,7 @@ def test_direct_peak_memory_is_model_plus_one_tensor(
     torch.cuda.synchronize(direct_device)
     torch.cuda.reset_peak_memory_stats(direct_device)
     before = torch.cuda.memory_allocated(direct_device)
-    module, _ = loader.load_dit(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(TinyDiT, path, plan=direct_plan, kinds=LINEAR_KINDS))
     torch.cuda.synchronize(direct_device)
     peak = torch.cuda.max_memory_allocated(direct_device) - before
     model = sum(allocated(t.nbytes) for t in [*module.parameters(), *module.buffers()])

@@ -24,7 +24,7 @@ from torch import nn
 
 from reference.errors import CheckpointError
 from reference.kit.fakes.diffusers_vaes import IMAGE_KL, write_diffusers_vae
-from reference.kit.seam import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM
+from reference.kit.seam import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM, VaeRequest
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.internal
@@ -69,7 +69,9 @@ def test_a_diffusers_vae_loads_bit_identically_to_from_pretrained(
         built.append(cls.from_config(config))
         return built[-1]
 
-    module, report = adapter.load_vae(build, tmp_path / "vae", device=CPU, config=config)
+    module, report = adapter.load_vae(
+        VaeRequest(build, tmp_path / "vae", device=CPU, config=config)
+    )
     expected = cls.from_pretrained(str(tmp_path / "vae"))  # accelerate present: the meta path
 
     assert built == [module]
@@ -118,15 +120,19 @@ def test_load_vae_passes_diffusers_refusals_through_and_declines_what_it_lacks(
     cls = IMAGE_KL.model_class()
     with pytest.raises(ValueError, match="Unknown quantization type, got fp8"):
         adapter.load_vae(
-            lambda: cls.from_config(config),
-            tmp_path / "vae",
-            device=CPU,
-            quantization=QuantizationSpec("fp8"),
+            VaeRequest(
+                lambda: cls.from_config(config),
+                tmp_path / "vae",
+                device=CPU,
+                quantization=QuantizationSpec("fp8"),
+            )
         )
     with pytest.raises(NotImplementedError, match="decode_dtype"):
         adapter.load_vae(
-            lambda: cls.from_config(config),
-            tmp_path / "vae",
-            device=CPU,
-            decode_dtype=torch.bfloat16,
+            VaeRequest(
+                lambda: cls.from_config(config),
+                tmp_path / "vae",
+                device=CPU,
+                decode_dtype=torch.bfloat16,
+            )
         )

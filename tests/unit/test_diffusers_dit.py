@@ -35,7 +35,7 @@ from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.platform import FakePlatform
-from reference.kit.seam import PIPELINES, Precisions, SeamLoader
+from reference.kit.seam import PIPELINES, Precisions, SeamLoader, ServingOptions
 from reference.quantization import QuantizationSpec
 
 from .command import ROOT, Result, run_reference, run_reference_fresh
@@ -135,7 +135,7 @@ def load_offloaded(
         pytest.skip(reason)
     positions = tensor_positions(root / "transformer")
     args = loader.make_server_args(
-        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS)
     )
     module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
     params = param_names(module)
@@ -226,7 +226,7 @@ def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
     root = hub[f"{name}-sharded"]
     files = safetensors_files(root / "transformer")
     args = loader.make_server_args(
-        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS)
     )
     loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)  # warm: imports
     with DataReads() as reads:
@@ -252,7 +252,9 @@ def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
     checkpoint tensor is not on CPU); on CPU the rules adopt as under offload. Either way the
     state, the non-persistent rotary buffers and one forward pass equal from_pretrained's."""
     root, pipeline = hub[f"{name}-{layout}"], PIPELINES_BY_NAME[name]
-    args = loader.make_server_args(runtime_device=runtime_device, precisions=PRECISIONS)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, precisions=PRECISIONS)
+    )
     module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
     assert all(t.device.type == runtime_device.type for t in module.state_dict().values())
     assert all(b.device.type == runtime_device.type for b in module.buffers())
@@ -273,7 +275,7 @@ def test_a_second_diffusers_transformer_is_adopted_too(
     root = write_hub_pipeline(tmp_path / "wan22", WAN22_PIPELINE, seed=6)
     positions = tensor_positions(root / "transformer_2")
     args = loader.make_server_args(
-        runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS)
     )
     reason = maps_missing()
     if reason is not None:
@@ -312,7 +314,9 @@ def test_quantization_of_a_plain_diffusers_dit_is_refused_before_any_read(
         config_path.write_text(json.dumps(config))
     quantization = FP8 if where == "flag" else None
     args = loader.make_server_args(
-        runtime_device=runtime_device, dit_cpu_offload=True, quantization=quantization
+        ServingOptions(
+            runtime_device=runtime_device, dit_cpu_offload=True, quantization=quantization
+        )
     )
     files = safetensors_files(root / "transformer")
     with DataReads() as reads:

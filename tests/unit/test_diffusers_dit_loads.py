@@ -24,7 +24,7 @@ from reference.kit.fakes.diffusers_pipelines import WAN_DIT
 from reference.kit.fakes.file_maps import file_position, tensor_positions
 from reference.kit.fakes.judge import loaded_or_skip
 from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.seam import ZERO_COPY, Plan, SeamLoader
+from reference.kit.seam import ZERO_COPY, DitRequest, Plan, SeamLoader
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 
@@ -59,7 +59,7 @@ def test_load_report_counts_a_diffusers_dit_as_it_was_loaded(
     plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, report = loaded_or_skip(
         lambda: loader.load_dit(
-            dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS
+            DitRequest(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
         ),
         judged_by="ZC-15",
     )
@@ -86,7 +86,7 @@ def test_a_diffusers_dit_from_a_bfloat16_file_is_converted_once(
     plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, _ = loaded_or_skip(
         lambda: loader.load_dit(
-            dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS
+            DitRequest(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
         ),
         judged_by="ZC-15",
     )
@@ -110,7 +110,7 @@ def test_a_diffusers_dit_from_a_float32_file_is_the_file(
     plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
     module, _ = loaded_or_skip(
         lambda: loader.load_dit(
-            dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS
+            DitRequest(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
         ),
         judged_by="ZC-15",
     )
@@ -133,7 +133,9 @@ def test_a_diffusers_dit_keeps_the_buffers_construction_gave_it(
     model: Any = WAN_DIT.build(seed=4)
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
     plan = Plan(checkpoint_load_device=torch.device("cpu"))  # CPU offload: DEV-1
-    module, _ = loader.load_dit(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(dit_build(folder, diffusers), folder, plan=plan, kinds=LINEAR_KINDS)
+    )
     constructed = dict(dit_build(folder, diffusers)().named_buffers())
     assert constructed, "the diffusers DiT has buffers"
     buffers = dict(module.named_buffers())

@@ -32,7 +32,7 @@ from reference.kit.fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
-from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
+from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader, ServingOptions, VaeRequest
 from reference.platform import SYSTEM
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
@@ -117,7 +117,9 @@ def test_diffusers_vae_streams_bit_identically_to_from_pretrained(
         built_on.append({t.device.type for t in module.state_dict().values()})
         return module
 
-    module, report = loader.load_vae(build, folder, device=runtime_device, config=config)
+    module, report = loader.load_vae(
+        VaeRequest(build, folder, device=runtime_device, config=config)
+    )
 
     assert built_on == [{"meta"}]
     expected = from_pretrained(cls, folder, runtime_device)
@@ -156,7 +158,9 @@ def test_pipeline_vae_named_by_diffusers_loads_like_from_pretrained(
     cls = model_class(diffusers, vae)
     root = write_diffusers_pipeline(tmp_path, vae, sharded=True)
     args = loader.make_server_args(
-        runtime_device=runtime_device, component_direct_gpu_weight_loading={"vae": direct}
+        ServingOptions(
+            runtime_device=runtime_device, component_direct_gpu_weight_loading={"vae": direct}
+        )
     )
     module = loader.load_pipeline_component(root, "vae", args, platform=SYSTEM)
     assert type(module) is cls
@@ -178,7 +182,9 @@ def test_reference_resolution_streams_the_named_class_on_the_runtime_device(
     root = write_diffusers_pipeline(tmp_path, VIDEO_WAN, sharded=True)
     spec = read_pipeline(root).component("vae")
     build = VAELoader().model_builder(spec)
-    module, report = loader.load_vae(build, spec.folder, device=runtime_device, config=spec.config)
+    module, report = loader.load_vae(
+        VaeRequest(build, spec.folder, device=runtime_device, config=spec.config)
+    )
     assert report.events[0] == "build on meta"
     expected = from_pretrained(VIDEO_WAN.model_class(), spec.folder, runtime_device)
     assert_same_vae(module, expected, VIDEO_WAN.sample_latents(runtime_device), runtime_device)
@@ -253,7 +259,7 @@ def test_diffusers_vae_with_buffers_computed_in_init_streams_without_edits(
     assert all(on_meta[name].is_meta for name in arange)  # the state the rule must change
 
     module, report = loader.load_vae(
-        lambda: cls.from_config(config), folder, device=runtime_device, config=config
+        VaeRequest(lambda: cls.from_config(config), folder, device=runtime_device, config=config)
     )
 
     expected = from_pretrained(cls, folder, runtime_device)

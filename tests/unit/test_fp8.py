@@ -27,7 +27,15 @@ from reference.kit.fakes.quant import (
     UnquantizedLinearMethod,
     quant_method_factory,
 )
-from reference.kit.seam import FP8_DEFER, PLANS, OffloadOptions, Plan, PlanLike, SeamLoader
+from reference.kit.seam import (
+    FP8_DEFER,
+    PLANS,
+    DitRequest,
+    OffloadOptions,
+    Plan,
+    PlanLike,
+    SeamLoader,
+)
 from reference.quantization import QuantizationSpec
 
 
@@ -191,11 +199,13 @@ def test_offloaded_online_quantized_dit_loads_processes_then_offloads(
     assert plan.defer_cpu_offload is True
     timeline = watch(mocker, method, dict(state))
     loader.load_dit(
-        lambda: TinyDiT(quantization=spec),
-        path,
-        plan=plan,
-        kinds=LINEAR_KINDS,
-        quantization=spec,
+        DitRequest(
+            lambda: TinyDiT(quantization=spec),
+            path,
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+        )
     )
     kinds = [event[0] for event in timeline.events]
     # load -> process -> offload. On a CPU runtime device the offload to CPU moves nothing, so
@@ -227,11 +237,13 @@ def test_after_deferral_everything_is_on_cpu_bit_exact(
     path, state = write_dit_checkpoint(tmp_path)
     timeline = watch(mocker, method, dict(state))
     module, _ = loader.load_dit(
-        lambda: TinyDiT(quantization=spec),
-        path,
-        plan=quantized_offload_plan(loader, runtime_device, spec),
-        kinds=LINEAR_KINDS,
-        quantization=spec,
+        DitRequest(
+            lambda: TinyDiT(quantization=spec),
+            path,
+            plan=quantized_offload_plan(loader, runtime_device, spec),
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+        )
     )
     assert {t.device.type for t in [*module.parameters(), *module.buffers()]} == {"cpu"}
     layers = [m for m in module.modules() if isinstance(getattr(m, "quant_method", None), method)]
@@ -288,12 +300,14 @@ def test_fsdp_drops_the_override_with_a_warning_and_never_defers(
     timeline = watch(mocker, OnlineFp8LinearMethod, dict(state))
     with warned(caplog) as seen:
         module, _ = loader.load_dit(
-            lambda: TinyDiT(quantization=spec),
-            path,
-            plan=plan,
-            kinds=LINEAR_KINDS,
-            quantization=spec,
-            fsdp=True,
+            DitRequest(
+                lambda: TinyDiT(quantization=spec),
+                path,
+                plan=plan,
+                kinds=LINEAR_KINDS,
+                quantization=spec,
+                fsdp=True,
+            )
         )
     assert any(names_the_override(w) for w in seen), (
         f"the override was dropped without a warning naming it; warnings: {seen}"
@@ -314,7 +328,9 @@ def test_fsdp_with_nothing_to_drop_is_silent(
     path, _ = write_dit_checkpoint(tmp_path)
     plan = Plan(checkpoint_load_device=runtime_device)
     with warned(caplog) as seen:
-        _, report = loader.load_dit(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS, fsdp=True)
+        _, report = loader.load_dit(
+            DitRequest(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS, fsdp=True)
+        )
     assert not any(names_the_override(w) for w in seen), seen  # other warnings are free
     assert (report.plan.weight_postprocess_device, report.plan.defer_cpu_offload) == (None, False)
     assert report.plan.checkpoint_load_device == plan.checkpoint_load_device
@@ -333,11 +349,13 @@ def test_failed_quantization_raises_instead_of_falling_back(
     path = write_checkpoint(bad, tmp_path / "bad")
     refusal(
         lambda: loader.load_dit(
-            lambda: TinyDiT(quantization=spec),
-            path,
-            plan=quantized_offload_plan(loader, runtime_device, spec),
-            kinds=LINEAR_KINDS,
-            quantization=spec,
+            DitRequest(
+                lambda: TinyDiT(quantization=spec),
+                path,
+                plan=quantized_offload_plan(loader, runtime_device, spec),
+                kinds=LINEAR_KINDS,
+                quantization=spec,
+            )
         ),
         "fp8",
         "blocks.1.mlp_up",
@@ -354,11 +372,13 @@ def test_quantization_requested_but_model_unquantized_raises(
     path, _ = write_dit_checkpoint(tmp_path)
     refusal(
         lambda: loader.load_dit(
-            TinyDiT,  # ignores the quantization: loading it would be a silent fallback
-            path,
-            plan=quantized_offload_plan(loader, runtime_device, spec),
-            kinds=LINEAR_KINDS,
-            quantization=spec,
+            DitRequest(
+                TinyDiT,  # ignores the quantization: loading it would be a silent fallback
+                path,
+                plan=quantized_offload_plan(loader, runtime_device, spec),
+                kinds=LINEAR_KINDS,
+                quantization=spec,
+            )
         ),
         "fp8",
         error=Exception,

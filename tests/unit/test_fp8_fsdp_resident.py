@@ -15,7 +15,7 @@ import torch
 
 from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.seam import FP8_DEFER, Plan, SeamLoader
+from reference.kit.seam import FP8_DEFER, DitRequest, Plan, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER)
@@ -35,12 +35,14 @@ def test_fsdp_drops_the_post_process_device_of_a_resident_component(
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module, _ = loader.load_dit(
-            lambda: TinyDiT(quantization=spec),
-            path,
-            plan=plan,
-            kinds=LINEAR_KINDS,
-            quantization=spec,
-            fsdp=True,
+            DitRequest(
+                lambda: TinyDiT(quantization=spec),
+                path,
+                plan=plan,
+                kinds=LINEAR_KINDS,
+                quantization=spec,
+                fsdp=True,
+            )
         )
     seen = [str(w.message) for w in caught] + [
         r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING

@@ -37,8 +37,11 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    DitRequest,
     Plan,
     SeamLoader,
+    ServingOptions,
+    VaeRequest,
 )
 
 CPU = torch.device("cpu")
@@ -104,9 +107,11 @@ def test_a_folder_named_with_bytes_that_are_not_utf8_loads(
     state = small_state()
     checkpoint = write_checkpoint(state, folder)
     if path == "dit-adopt":
-        module, _ = loader.load_dit(model, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        module, _ = loader.load_dit(
+            DitRequest(model, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        )
     else:
-        module, _ = loader.load_vae(model, checkpoint, device=CPU)
+        module, _ = loader.load_vae(VaeRequest(model, checkpoint, device=CPU))
     for name, tensor in state.items():
         assert torch.equal(module.state_dict()[name].to(tensor.dtype), tensor), name
 
@@ -236,10 +241,10 @@ def test_a_shard_replaced_after_its_header_check_is_never_loaded_silently(
     refusal = None
     try:
         if path == "vae-stream":
-            module, _ = loader.load_vae(SwapsShardWhileBuiltVAE, checkpoint, device=CPU)
+            module, _ = loader.load_vae(VaeRequest(SwapsShardWhileBuiltVAE, checkpoint, device=CPU))
         else:
             module, _ = loader.load_dit(
-                SwapsShardWhileBuilt, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS
+                DitRequest(SwapsShardWhileBuilt, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
             )
     except ValueError as refused:
         refusal = str(refused)
@@ -266,7 +271,9 @@ def test_the_reference_refuses_the_replaced_shard_by_its_identity(
     SwapsShardWhileBuilt.swap = (replacement, path)
     try:
         with pytest.raises(ValueError, match="changed since its header was read") as caught:
-            loader.load_dit(SwapsShardWhileBuilt, path, plan=Plan(CPU), kinds=LINEAR_KINDS)
+            loader.load_dit(
+                DitRequest(SwapsShardWhileBuilt, path, plan=Plan(CPU), kinds=LINEAR_KINDS)
+            )
     finally:
         SwapsShardWhileBuilt.swap = None
     assert str(path) in str(caught.value)
@@ -288,7 +295,7 @@ def test_unknown_names_make_one_bounded_printable_line(
     path = write_checkpoint(state, tmp_path / "ckpt")
     digest = digests(tmp_path)
     try:
-        loader.load_vae(CorpusVAE, path, device=CPU)
+        loader.load_vae(VaeRequest(CorpusVAE, path, device=CPU))
     except ValueError as refused:
         message = str(refused)
     else:  # whether unknown names are refused is VAE-7's, judged by its own tests
@@ -360,8 +367,10 @@ def test_construction_beyond_host_memory_is_refused_before_allocating(
 
     def load() -> object:
         if path == "vae-weight":
-            return loader.load_vae(HugeVAE, checkpoint, device=CPU)
-        return loader.load_dit(HugeTableDiT, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+            return loader.load_vae(VaeRequest(HugeVAE, checkpoint, device=CPU))
+        return loader.load_dit(
+            DitRequest(HugeTableDiT, checkpoint, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        )
 
     started = time.perf_counter()
     with deadline(60), pytest.raises(HostMemoryError, match="refused before allocating"):
@@ -389,7 +398,7 @@ def test_an_ordinary_component_build_beyond_host_memory_is_refused_before_alloca
     config = {"_class_name": "AutoencoderKLWan", "base_dim": 100_000}
     (root / "vae" / "config.json").write_text(json.dumps(config))
     write_checkpoint(small_state(), root / "vae")
-    args = loader.make_server_args(runtime_device=CPU)
+    args = loader.make_server_args(ServingOptions(runtime_device=CPU))
     with deadline(60), pytest.raises(HostMemoryError, match="vae"):
         loader.load_pipeline_component(root, "vae", args, platform=FakePlatform(cuda=False))
 
@@ -419,10 +428,12 @@ def _load_or_list(loader: SeamLoader, path: str, folder: Path) -> dict[str, torc
     """Every tensor the loader gives for `folder` on `path`: a loaded module's state, or each
     listed name read back."""
     if path == "dit-adopt":
-        module, _ = loader.load_dit(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        module, _ = loader.load_dit(
+            DitRequest(CorpusDiT, folder, plan=Plan(CPU), kinds=LINEAR_KINDS)
+        )
         return dict(module.state_dict())
     if path == "vae-stream":
-        module, _ = loader.load_vae(CorpusVAE, folder, device=CPU)
+        module, _ = loader.load_vae(VaeRequest(CorpusVAE, folder, device=CPU))
         return dict(module.state_dict())
     listed = loader.inspect_checkpoint(folder)
     return {name: loader.read_checkpoint_tensor(folder, name, device=CPU) for name in listed}

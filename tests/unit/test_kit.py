@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import reference
 from reference.errors import CheckpointError
@@ -23,7 +24,7 @@ from reference.kit.failures import SeamView
 from reference.kit.fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.isolated import attempt
 from reference.kit.reference_adapter import ReferenceAdapter
-from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported
+from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported, VaeRequest
 from reference.kit.selection import (
     ENTRY_POINT_GROUP,
     ENV_VAR,
@@ -678,6 +679,9 @@ def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> No
     assert outside.raised("SeamViolation")
 
 
+CPU = torch.device("cpu")
+
+
 # --- options a loader does not take, and a loader without a runtime-device setting -------------
 
 
@@ -685,8 +689,8 @@ class DecidesItsOwnDtype:
     name = "decides-its-own-dtype"
     capabilities = frozenset({VAE_STREAM})
 
-    def load_vae(self, build: object, checkpoint: object, *, decode_dtype: object = None) -> None:
-        if decode_dtype == "unsupported":
+    def load_vae(self, request: VaeRequest) -> None:
+        if request.decode_dtype == torch.float64:
             raise Unsupported("this loader picks the decode dtype itself")
         raise NotImplementedError("a bug inside the load")
 
@@ -696,9 +700,9 @@ def test_an_unsupported_option_skips_and_nothing_else_does() -> None:
     a NotImplementedError from inside a load included, stays the loader's failure."""
     view = SeamView(DecidesItsOwnDtype(), allowed=frozenset({"load_vae"}), marked=frozenset())
     with pytest.raises(pytest.skip.Exception, match="picks the decode dtype itself"):
-        view.load_vae(None, None, decode_dtype="unsupported")
+        view.load_vae(VaeRequest(nn.Identity, Path(), device=CPU, decode_dtype=torch.float64))
     with pytest.raises(NotImplementedError, match="a bug inside the load"):
-        view.load_vae(None, None)
+        view.load_vae(VaeRequest(nn.Identity, Path(), device=CPU))
 
 
 def test_a_loader_without_a_runtime_device_setting_skips_only_the_cpu_runtime_cases() -> None:

@@ -22,7 +22,17 @@ from reference.kit.fakes.pipelines import FakeComponent, PipelineDiT, PipelineVA
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.fakes.vae import StandardVAE, VAEConfig, randomized_state
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
-from reference.kit.seam import DIRECT_DIT, PIPELINES, VAE_STREAM, ZERO_COPY, Plan, SeamLoader
+from reference.kit.seam import (
+    DIRECT_DIT,
+    PIPELINES,
+    VAE_STREAM,
+    ZERO_COPY,
+    DitRequest,
+    Plan,
+    SeamLoader,
+    ServingOptions,
+    VaeRequest,
+)
 
 CPU = torch.device("cpu")
 LAYOUTS = {"single": 1, "sharded": 3}
@@ -72,7 +82,13 @@ def test_a_loaded_dit_is_ready_for_inference(
         "direct": lambda: Plan(direct_device(runtime_device), load_full_state_dict_on_device=True),
     }[way]()
     module, _ = loader.load_dit(
-        lambda: built_training(TinyDiT), path, plan=plan, kinds=LINEAR_KINDS, component=component
+        DitRequest(
+            lambda: built_training(TinyDiT),
+            path,
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            component=component,
+        )
     )
     assert_ready_for_inference(module)
 
@@ -86,7 +102,9 @@ def test_a_streamed_vae_is_ready_for_inference(
     state = dict(randomized_state(StandardVAE(VAEConfig()), seed=1))
     path = write_vae_checkpoint(state, tmp_path, shards=LAYOUTS[layout])
     module, _ = loader.load_vae(
-        lambda: built_training(StandardVAE), path, device=runtime_device, component="video_vae"
+        VaeRequest(
+            lambda: built_training(StandardVAE), path, device=runtime_device, component="video_vae"
+        )
     )
     assert_ready_for_inference(module)
 
@@ -115,7 +133,9 @@ def test_a_pipeline_component_is_ready_for_inference(
     component: str,
     offload: bool,
 ) -> None:
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=offload)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=offload)
+    )
     module = loader.load_pipeline_component(
         pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES
     )

@@ -41,9 +41,12 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    DitRequest,
     Plan,
     Precisions,
     SeamLoader,
+    ServingOptions,
+    VaeRequest,
 )
 
 CPU = torch.device("cpu")
@@ -79,7 +82,7 @@ def load_component(
     offload: bool = False,
 ) -> nn.Module:
     args = loader.make_server_args(
-        runtime_device=CPU, dit_cpu_offload=offload, precisions=precisions
+        ServingOptions(runtime_device=CPU, dit_cpu_offload=offload, precisions=precisions)
     )
     return loader.load_pipeline_component(
         root, component, args, platform=NO_CUDA, models=MODEL_CLASSES
@@ -190,7 +193,9 @@ def test_load_dit_builds_in_the_dtype_it_is_handed(
     loader: SeamLoader, tmp_path: Path, dtype: torch.dtype
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path)
-    module, _ = loader.load_dit(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+    module, _ = loader.load_dit(
+        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+    )
     assert_values_are_the_file_in(module, state, lambda _: dtype)
 
 
@@ -203,7 +208,7 @@ def test_load_vae_streams_into_the_dtype_it_is_handed(loader: SeamLoader, tmp_pa
         for k, v in PipelineVAE().state_dict().items()
     }
     path = write_vae_checkpoint(state, tmp_path)
-    loaded, _ = loader.load_vae(PipelineVAE, path, device=CPU, dtype=BF16)
+    loaded, _ = loader.load_vae(VaeRequest(PipelineVAE, path, device=CPU, dtype=BF16))
     assert_values_are_the_file_in(loaded, state, lambda _: BF16)
 
 
@@ -294,7 +299,7 @@ def test_a_checkpoint_in_the_slot_dtype_is_adopted_as_an_fp32_one_is(
     for saved_dtype in (FP32, dtype):
         path, _ = write_dit_checkpoint(tmp_path / NAMES[saved_dtype], dtype=saved_dtype)
         module, _ = loader.load_dit(
-            TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=saved_dtype
+            DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=saved_dtype)
         )
         built = {v.dtype for v in floating_state(module).values()}
         if built != {saved_dtype}:
@@ -319,7 +324,9 @@ def test_a_checkpoint_in_another_dtype_is_converted_once(
     they would not: fp32 -> bf16 -> fp16 loses fp16's mantissa bits), in memory of their own."""
     path, _ = write_dit_checkpoint(tmp_path, dtype=stored)
     file = saved(path.parent)
-    module, _ = loader.load_dit(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+    module, _ = loader.load_dit(
+        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+    )
     slots = floating_state(module)
     assert_values_are_the_file_in(module, file, lambda k: slots[k].dtype)
     converted = {k for k, v in slots.items() if v.dtype != file[k].dtype}
@@ -401,7 +408,9 @@ def test_the_report_states_the_precision_and_each_conversion(
     loader: SeamLoader, tmp_path: Path, stored: torch.dtype
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, dtype=stored)
-    module, report = loader.load_dit(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=BF16)
+    module, report = loader.load_dit(
+        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=BF16)
+    )
     skip_unless_built_in(module, BF16)
     assert report.precision == BF16, f"the report states precision {report.precision}"
     converted = [k for k, v in state.items() if v.is_floating_point() and v.dtype != BF16]

@@ -35,7 +35,7 @@ from reference.kit.fakes.layers import (
     RowParallelLinear,
 )
 from reference.kit.fakes.load_paths import sees_zc3
-from reference.kit.seam import TENSOR_PARALLEL, Plan, PlanLike, SeamLoader
+from reference.kit.seam import TENSOR_PARALLEL, DitRequest, Plan, PlanLike, SeamLoader
 from reference.kit.selection import select_adapter
 
 pytestmark = pytest.mark.capability(TENSOR_PARALLEL)
@@ -131,10 +131,12 @@ def tp_load(
 ) -> tuple[nn.Module, dict[str, str]]:
     """Load `rank` of a TP=2 TinyDiT; the module and the report's reason for each copy."""
     module, report = loader.load_dit(
-        lambda: TinyDiT(tp_rank=rank, tp_size=WORLD).requires_grad_(True),
-        path,
-        plan=offload_plan(loader, runtime_device),
-        kinds=LINEAR_KINDS,
+        DitRequest(
+            lambda: TinyDiT(tp_rank=rank, tp_size=WORLD).requires_grad_(True),
+            path,
+            plan=offload_plan(loader, runtime_device),
+            kinds=LINEAR_KINDS,
+        )
     )
     return module, {r.name: r.reason or "" for r in report.records if r.how == "copied"}
 

@@ -72,7 +72,7 @@ from reference.kit.fakes.vae_checkpoints import (
     write_defective_vae_checkpoint,
     write_vae_checkpoint,
 )
-from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader
+from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader, ServingOptions, VaeRequest
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
@@ -139,7 +139,7 @@ def evidence(loader: SeamLoader, runtime_device: torch.device, tmp_path: Path) -
     if reason is not None:
         pytest.skip(reason)
     warm = write_vae_checkpoint(_state(), tmp_path / "warm-up")
-    loader.load_vae(RecordingBuild(), warm, device=runtime_device)
+    loader.load_vae(VaeRequest(RecordingBuild(), warm, device=runtime_device))
 
 
 def release_free_memory() -> None:
@@ -205,7 +205,7 @@ def test_streams_into_a_meta_built_module_each_slot_its_own_tensor(
     path = write_vae_checkpoint(state, tmp_path, shards=shards)
     build = RecordingBuild()
 
-    module, report = loader.load_vae(build, path, device=runtime_device)
+    module, report = loader.load_vae(VaeRequest(build, path, device=runtime_device))
 
     assert build.built == [module]
     assert build.built_on == [{"meta"}]  # every parameter and persistent buffer
@@ -241,7 +241,9 @@ def test_stream_never_holds_a_full_state_dict(
     assert data >= 4 * largest  # a full state dict would stand out
     release_free_memory()
     with DataReads() as reads:
-        module, _ = loader.load_vae(RecordingBuild(config=BIG), path, device=runtime_device)
+        module, _ = loader.load_vae(
+            VaeRequest(RecordingBuild(config=BIG), path, device=runtime_device)
+        )
     on_cpu = sum(t.nbytes for t in module.state_dict().values() if t.device.type == "cpu")
     bound = on_cpu + largest + SLACK
     assert reads.peak_growth < bound, (
@@ -258,7 +260,7 @@ def test_streamed_vae_decodes_bit_identically_to_an_ordinary_load(
 ) -> None:
     state = _state(seed=1)
     path = write_vae_checkpoint(state, tmp_path)
-    module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
+    module, _ = loader.load_vae(VaeRequest(RecordingBuild(), path, device=runtime_device))
     ordinary = _ordinary(state, runtime_device)
     loaded = module.state_dict()
     assert set(loaded) == set(ordinary.state_dict())
@@ -297,7 +299,7 @@ def test_root_with_nonstandard_state_dict_functions_is_refused_before_reading(
     path = big_checkpoints(StandardVAE)
     build = RecordingBuild(cls, BIG)
     refused_before_reading(
-        lambda: loader.load_vae(build, path, device=runtime_device), path, function
+        lambda: loader.load_vae(VaeRequest(build, path, device=runtime_device)), path, function
     )
     build.assert_untouched()
 
@@ -342,7 +344,7 @@ def test_user_overrides_and_hooks_anywhere_are_refused_before_reading(
     build = RecordingBuild(cls, BIG)
     names = (where,) if where else ()
     raised = refused_before_reading(
-        lambda: loader.load_vae(build, path, device=runtime_device), path, *names
+        lambda: loader.load_vae(VaeRequest(build, path, device=runtime_device)), path, *names
     )
     message = str(raised)
     if what in HOOK_KINDS:
@@ -377,7 +379,9 @@ def test_reference_words_abi_refusals(
     words: list[str],
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
-    error = refusal(lambda: loader.load_vae(RecordingBuild(cls), path, device=runtime_device))
+    error = refusal(
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(cls), path, device=runtime_device))
+    )
     assert isinstance(error, StateDictABIError)
     for word in words:
         assert word in str(error)
@@ -398,7 +402,7 @@ def test_torch_shipped_overrides_and_hooks_count_as_standard(
     assert "decoder.channel_mix.parametrizations.weight.original1" in slots
     state = _state(seed=4)
     module, _ = loader.load_vae(
-        RecordingBuild(), write_vae_checkpoint(state, tmp_path), device=runtime_device
+        VaeRequest(RecordingBuild(), write_vae_checkpoint(state, tmp_path), device=runtime_device)
     )
     original1 = "decoder.channel_mix.parametrizations.weight.original1"
     assert torch.equal(module.state_dict()[original1].cpu(), state[original1])
@@ -434,7 +438,7 @@ def test_checkpoint_holding_a_non_persistent_buffer_is_refused_before_reading(
     path = write_vae_checkpoint(state, tmp_path)
     build = RecordingBuild(ExplicitBufferVAE, BIG)
     refused_before_reading(
-        lambda: loader.load_vae(build, path, device=runtime_device),
+        lambda: loader.load_vae(VaeRequest(build, path, device=runtime_device)),
         path,
         "decoder.temporal.freqs",
     )
@@ -465,7 +469,7 @@ def test_lazy_state_is_refused_by_name_before_reading(
     state.setdefault(lazy, torch.ones(BIG.hidden))
     path = write_vae_checkpoint(state, tmp_path)
     refused_before_reading(
-        lambda: loader.load_vae(RecordingBuild(cls, BIG), path, device=runtime_device),
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(cls, BIG), path, device=runtime_device)),
         path,
         lazy,
     )
@@ -490,7 +494,9 @@ def test_state_dict_keys_that_are_not_slots_are_refused_before_reading(
 ) -> None:
     path = big_checkpoints(StandardVAE)
     refused_before_reading(
-        lambda: loader.load_vae(RecordingBuild(ExtraStateVAE, BIG), path, device=runtime_device),
+        lambda: loader.load_vae(
+            VaeRequest(RecordingBuild(ExtraStateVAE, BIG), path, device=runtime_device)
+        ),
         path,
         "decoder.codebook._extra_state",
     )
@@ -503,7 +509,9 @@ def test_parameters_registered_after_construction_by_a_hook_are_refused(
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     refusal(
-        lambda: loader.load_vae(RecordingBuild(LateParamsVAE), path, device=runtime_device),
+        lambda: loader.load_vae(
+            VaeRequest(RecordingBuild(LateParamsVAE), path, device=runtime_device)
+        ),
         "decoder.temporal.gain",
     )
 
@@ -515,11 +523,11 @@ def test_reference_lists_key_differences(
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
-        loader.load_vae(RecordingBuild(ExtraStateVAE), path, device=runtime_device)
+        loader.load_vae(VaeRequest(RecordingBuild(ExtraStateVAE), path, device=runtime_device))
     assert "keys that are not slots: ['decoder.codebook._extra_state']" in str(caught.value)
     assert "slots missing from the state dict: none" in str(caught.value)
     with pytest.raises(StateDictABIError) as caught:
-        loader.load_vae(RecordingBuild(LateParamsVAE), path, device=runtime_device)
+        loader.load_vae(VaeRequest(RecordingBuild(LateParamsVAE), path, device=runtime_device))
     assert "registered after construction: ['decoder.temporal.gain']" in str(caught.value)
 
 
@@ -559,7 +567,7 @@ def test_tied_state_is_refused_naming_the_entries_before_reading(
 ) -> None:
     path = big_checkpoints(cls)
     refused_before_reading(
-        lambda: loader.load_vae(RecordingBuild(cls, BIG), path, device=runtime_device),
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(cls, BIG), path, device=runtime_device)),
         path,
         *names,
     )
@@ -572,7 +580,7 @@ def test_reference_words_tied_groups(
 ) -> None:
     path = write_vae_checkpoint(_state(SharedModuleVAE), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
-        loader.load_vae(RecordingBuild(SharedModuleVAE), path, device=runtime_device)
+        loader.load_vae(VaeRequest(RecordingBuild(SharedModuleVAE), path, device=runtime_device))
     assert "encoder.block.norm1.weight = decoder.block.norm1.weight" in str(caught.value)
     assert "encoder.block.norm1 and decoder.block.norm1" in str(caught.value)
 
@@ -621,7 +629,10 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_by_name(
     the tensor (when is CKPT-3's, judged below)."""
     name = defective_name(target, defect)
     bad = write_defective_vae_checkpoint(defect, _state(), tmp_path, shards=shards, name=name)
-    refusal(lambda: loader.load_vae(RecordingBuild(), bad.path, device=runtime_device), bad.name)
+    refusal(
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(), bad.path, device=runtime_device)),
+        bad.name,
+    )
 
 
 @pytest.mark.rule("CKPT-3")
@@ -643,7 +654,7 @@ def test_unknown_wrong_shape_and_duplicate_tensors_are_refused_before_reading(
     bad = write_defective_vae_checkpoint(defect, big_state, tmp_path, shards=shards, name=name)
     build = RecordingBuild(config=BIG)
     refused_before_reading(
-        lambda: loader.load_vae(build, bad.path, device=runtime_device), bad.path
+        lambda: loader.load_vae(VaeRequest(build, bad.path, device=runtime_device)), bad.path
     )
     build.assert_untouched()
 
@@ -666,7 +677,9 @@ def test_reference_words_tensor_refusals(
     words: list[str],
 ) -> None:
     bad = write_defective_vae_checkpoint(defect, _state(), tmp_path)
-    error = refusal(lambda: loader.load_vae(RecordingBuild(), bad.path, device=runtime_device))
+    error = refusal(
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(), bad.path, device=runtime_device))
+    )
     for word in words:
         assert word in str(error)
     if defect != "duplicate":
@@ -714,7 +727,7 @@ def test_dtype_difference_is_converted_to_the_slot_dtype(
     if file_dtype.itemsize == slot_dtype.itemsize:
         assert not torch.equal(_bits(in_file), _bits(expected)), "the case would not tell"
     assert not torch.equal(_bits(state[name]), _bits(torch.zeros_like(state[name])))
-    module, _ = loader.load_vae(RecordingBuild(cls), bad.path, device=runtime_device)
+    module, _ = loader.load_vae(VaeRequest(RecordingBuild(cls), bad.path, device=runtime_device))
     loaded = module.state_dict()[name]
     assert loaded.dtype == slot_dtype
     assert torch.equal(loaded.cpu(), expected)
@@ -729,7 +742,7 @@ def test_reference_records_each_conversion(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     bad = write_defective_vae_checkpoint("dtype", _state(), tmp_path, shards=1)
-    _, report = loader.load_vae(RecordingBuild(), bad.path, device=runtime_device)
+    _, report = loader.load_vae(VaeRequest(RecordingBuild(), bad.path, device=runtime_device))
     record = next(r for r in report.records if r.name == bad.name)
     assert record.reason == "dtype torch.bfloat16 converted to torch.float32"
 
@@ -749,7 +762,9 @@ def test_missing_slots_are_refused_by_name(
 ) -> None:
     """A slot the checkpoint lacks is refused, listing it (when is CKPT-3's, judged below)."""
     bad = write_defective_vae_checkpoint("missing", _state(), tmp_path, shards=shards, name=name)
-    refusal(lambda: loader.load_vae(RecordingBuild(), bad.path, device=runtime_device), name)
+    refusal(
+        lambda: loader.load_vae(VaeRequest(RecordingBuild(), bad.path, device=runtime_device)), name
+    )
 
 
 @pytest.mark.rule("CKPT-3")
@@ -768,7 +783,7 @@ def test_missing_slots_are_refused_before_reading(
     bad = write_defective_vae_checkpoint("missing", big_state, tmp_path, shards=shards, name=name)
     build = RecordingBuild(config=BIG)
     refused_before_reading(
-        lambda: loader.load_vae(build, bad.path, device=runtime_device), bad.path
+        lambda: loader.load_vae(VaeRequest(build, bad.path, device=runtime_device)), bad.path
     )
     build.assert_untouched()
 
@@ -780,7 +795,7 @@ def test_reference_words_missing_slots(
 ) -> None:
     bad = write_defective_vae_checkpoint("missing", _state(), tmp_path)
     with pytest.raises(StateMismatchError, match=rf"lacks tensors for these slots: '{bad.name}'\."):
-        loader.load_vae(RecordingBuild(), bad.path, device=runtime_device)
+        loader.load_vae(VaeRequest(RecordingBuild(), bad.path, device=runtime_device))
 
 
 @pytest.mark.rule("VAE-8")
@@ -788,7 +803,7 @@ def test_nothing_is_left_on_meta(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
-    module, _ = loader.load_vae(RecordingBuild(), path, device=runtime_device)
+    module, _ = loader.load_vae(VaeRequest(RecordingBuild(), path, device=runtime_device))
     tensors = [*module.named_parameters(), *module.named_buffers()]
     assert len(tensors) == len(_state())  # every slot (the standard VAE has no other buffer)
     assert [name for name, t in tensors if t.is_meta or not _on(runtime_device, t)] == []
@@ -817,7 +832,7 @@ def test_non_persistent_buffers_hold_their_constructed_values(
     path = write_vae_checkpoint(_state(), tmp_path)
     if cls is RebuiltBufferVAE:
         loaded, refused = loaded_or_refused(
-            lambda: loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
+            lambda: loader.load_vae(VaeRequest(RecordingBuild(cls), path, device=runtime_device))
         )
         if refused is not None:
             assert_names(refused, "decoder.temporal.freqs")
@@ -825,7 +840,7 @@ def test_non_persistent_buffers_hold_their_constructed_values(
         assert loaded is not None
         module = loaded[0]
     else:
-        module, _ = loader.load_vae(RecordingBuild(cls), path, device=runtime_device)
+        module, _ = loader.load_vae(VaeRequest(RecordingBuild(cls), path, device=runtime_device))
     ordinary = cls(CONFIG)
     freqs = module.get_buffer("decoder.temporal.freqs")
     assert not freqs.is_meta, "decoder.temporal.freqs is still on meta after the load"
@@ -835,7 +850,11 @@ def test_non_persistent_buffers_hold_their_constructed_values(
     assert_computed_alike(freqs, expected, what="buffer decoder.temporal.freqs")
     state = _state(seed=6)
     module, _ = loader.load_vae(
-        RecordingBuild(cls), write_vae_checkpoint(state, tmp_path / "decode"), device=runtime_device
+        VaeRequest(
+            RecordingBuild(cls),
+            write_vae_checkpoint(state, tmp_path / "decode"),
+            device=runtime_device,
+        )
     )
     ordinary.load_state_dict(state)
     ordinary.to(runtime_device)  # the forward runs on the runtime device on both sides
@@ -860,7 +879,7 @@ def test_buffer_nothing_can_rebuild_is_refused_after_the_build_before_reading(
     path = big_checkpoints(UnrebuiltBufferVAE)
     build = RecordingBuild(UnrebuiltBufferVAE, BIG)
     refused_before_reading(
-        lambda: loader.load_vae(build, path, device=runtime_device),
+        lambda: loader.load_vae(VaeRequest(build, path, device=runtime_device)),
         path,
         "decoder.temporal.freqs",
     )
@@ -874,7 +893,7 @@ def test_reference_refusal_of_unrebuildable_buffers_says_what_to_do(
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     with pytest.raises(StateDictABIError) as caught:
-        loader.load_vae(RecordingBuild(UnrebuiltBufferVAE), path, device=runtime_device)
+        loader.load_vae(VaeRequest(RecordingBuild(UnrebuiltBufferVAE), path, device=runtime_device))
     assert "non-persistent buffers decoder.temporal.freqs are on meta" in str(caught.value)
     assert "Drop the direct-loading flag for vae" in str(caught.value)
 
@@ -1041,11 +1060,11 @@ def test_streamed_requires_grad_is_the_ordinary_paths_and_never_on_float8(
     assert built["decoder.fp8_bias"].requires_grad
     assert not built["latent_shift"].requires_grad
     root = write_pipeline(tmp_path / "pipeline", {"vae": FakeComponent(PipelineVAE, seed=3)})
-    args = loader.make_server_args(runtime_device=runtime_device)
+    args = loader.make_server_args(ServingOptions(runtime_device=runtime_device))
     ordinary = loader.load_pipeline_component(
         root, "vae", args, platform=FakePlatform(cuda=False), models=MODEL_CLASSES
     )
-    streamed, _ = loader.load_vae(PipelineVAE, root / "vae", device=runtime_device)
+    streamed, _ = loader.load_vae(VaeRequest(PipelineVAE, root / "vae", device=runtime_device))
     wanted = {n: p.requires_grad for n, p in ordinary.named_parameters()}
     for name, param in streamed.named_parameters():
         if param.dtype.is_floating_point and param.dtype not in FLOAT8:
@@ -1065,7 +1084,9 @@ def test_integer_parameters_never_require_grad(
     state = _state(IntegerParameterVAE)
     state["decoder.codes"] = (torch.arange(CONFIG.hidden) * 3 + 1).to(torch.int32)
     path = write_vae_checkpoint(state, tmp_path)
-    module, _ = loader.load_vae(RecordingBuild(IntegerParameterVAE), path, device=runtime_device)
+    module, _ = loader.load_vae(
+        VaeRequest(RecordingBuild(IntegerParameterVAE), path, device=runtime_device)
+    )
     codes = module.get_parameter("decoder.codes")
     assert codes.dtype == torch.int32
     assert not codes.requires_grad
@@ -1088,11 +1109,13 @@ def test_layout_and_decode_dtype_policy_match_the_ordinary_path(
     state = _state(seed=2)
     path = write_vae_checkpoint(state, tmp_path)
     module, _ = loader.load_vae(
-        RecordingBuild(),
-        path,
-        device=runtime_device,
-        decode_dtype=decode_dtype,
-        channels_last_3d=channels_last_3d,
+        VaeRequest(
+            RecordingBuild(),
+            path,
+            device=runtime_device,
+            decode_dtype=decode_dtype,
+            channels_last_3d=channels_last_3d,
+        )
     )
     assert isinstance(module, StandardVAE)
     ordinary = _ordinary(
@@ -1118,7 +1141,7 @@ def test_reference_reports_the_policy_steps(
 ) -> None:
     path = write_vae_checkpoint(_state(), tmp_path)
     _, report = loader.load_vae(
-        RecordingBuild(), path, device=runtime_device, channels_last_3d=True
+        VaeRequest(RecordingBuild(), path, device=runtime_device, channels_last_3d=True)
     )
     assert "channels_last_3d" in report.events
 
@@ -1132,7 +1155,9 @@ def test_decode_dtype_on_a_vae_without_support_is_skipped_or_refused(
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
     loaded, refused = loaded_or_refused(
         lambda: loader.load_vae(
-            lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
+            VaeRequest(
+                lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
+            )
         )
     )
     if refused is not None:
@@ -1152,7 +1177,9 @@ def test_reference_words_the_decode_dtype_refusal(
     path = write_vae_checkpoint(randomized_state(Encoder(CONFIG), 0), tmp_path)
     with pytest.raises(ArgumentError, match=r"decode_dtype=torch\.bfloat16.*prepare_decode_dtype"):
         loader.load_vae(
-            lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
+            VaeRequest(
+                lambda: Encoder(CONFIG), path, device=runtime_device, decode_dtype=torch.bfloat16
+            )
         )
 
 
@@ -1206,12 +1233,14 @@ def test_quantized_or_custom_code_vae_is_refused_without_fallback(
     build = RecordingBuild(config=BIG)
     refused_before_reading(
         lambda: loader.load_vae(
-            build,
-            path,
-            device=runtime_device,
-            component="video_vae",
-            config=config,
-            quantization=quantization,
+            VaeRequest(
+                build,
+                path,
+                device=runtime_device,
+                component="video_vae",
+                config=config,
+                quantization=quantization,
+            )
         ),
         path,
         "video_vae",
@@ -1230,7 +1259,9 @@ def test_quantization_declared_by_a_later_shard_alone_is_refused(
     state = dict(randomized_state(StandardVAE(BIG), 0))
     path = write_vae_checkpoint(state, tmp_path, shards=3, metadata=QUANTIZED, metadata_in=[2])
     refused_before_reading(
-        lambda: loader.load_vae(RecordingBuild(config=BIG), path, device=runtime_device),
+        lambda: loader.load_vae(
+            VaeRequest(RecordingBuild(config=BIG), path, device=runtime_device)
+        ),
         path,
         "quant_method",
         error=ComponentCheckpointUnsupportedError,

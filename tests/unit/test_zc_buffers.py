@@ -36,8 +36,11 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    DitRequest,
     Plan,
     SeamLoader,
+    ServingOptions,
+    VaeRequest,
 )
 
 CPU = torch.device("cpu")
@@ -129,7 +132,7 @@ def load_dit_path(
         "resident": lambda: Plan(runtime_device),
         "direct": lambda: Plan(direct_device(runtime_device), load_full_state_dict_on_device=True),
     }
-    module, _ = loader.load_dit(RotaryDiT, path, plan=plans[way](), kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(RotaryDiT, path, plan=plans[way](), kinds=LINEAR_KINDS))
     return module
 
 
@@ -163,7 +166,9 @@ def test_vae_stream_keeps_buffers_buffers(
     config = VAEConfig()
     state = dict(randomized_state(StandardVAE(config), seed=2))
     path = write_checkpoint(state, tmp_path, shards=LAYOUTS[layout])
-    module, _ = loader.load_vae(lambda: StandardVAE(config), path, device=runtime_device)
+    module, _ = loader.load_vae(
+        VaeRequest(lambda: StandardVAE(config), path, device=runtime_device)
+    )
     assert_buffers_stay_buffers(module, StandardVAE(config), state, non_persistent=False)
 
 
@@ -194,7 +199,9 @@ def test_pipeline_components_keep_buffers_buffers(
     component: str,
     offload: bool,
 ) -> None:
-    args = loader.make_server_args(runtime_device=runtime_device, dit_cpu_offload=offload)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, dit_cpu_offload=offload)
+    )
     module = loader.load_pipeline_component(
         pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES
     )

@@ -57,7 +57,7 @@ from reference.kit.fakes.layers import (
 )
 from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.fakes.load_paths import sees_zc3
-from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader
+from reference.kit.seam import DIRECT_DIT, ZERO_COPY, DitRequest, Plan, PlanLike, SeamLoader
 from reference.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
@@ -183,7 +183,9 @@ def test_plain_dit_checkpoint_is_adopted_from_the_file(
 ) -> None:
     """Through load_dit: every parameter maps its own bytes of the checkpoint file."""
     path, state = write_plain_dit_checkpoint(tmp_path, shards=shards, seed=3)
-    module, _ = loader.load_dit(trainable(PlainDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(trainable(PlainDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     params = set(parameters_of(built_plain()))  # the model's own, whatever the load made of them
     assert adopted_from_file(module, tensor_positions(path)) >= params
     for name, tensor in module.state_dict().items():
@@ -205,7 +207,7 @@ def test_plain_dit_checkpoint_of_another_dtype_is_converted_once(
     conversions = CountConversions()
     with conversions:
         module, _ = loader.load_dit(
-            trainable(PlainDiT), path, plan=offload_plan, kinds=LINEAR_KINDS
+            DitRequest(trainable(PlainDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
         )
     assert conversions.elements == sum(t.numel() for t in state.values())
     for name, tensor in module.state_dict(keep_vars=True).items():
@@ -263,7 +265,9 @@ def test_offloaded_dit_loads_on_cpu_and_computes_like_the_original(
     loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, shards: int
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, shards=shards)
-    module, _ = loader.load_dit(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     original = TinyDiT()
     original.load_state_dict(state)
     x, t = torch.randn(2, 5, 8), torch.tensor([1, 3])
@@ -291,7 +295,9 @@ def test_offloaded_dit_adopts_every_eligible_parameter_from_the_file(
     """Standard linears (ZC-1..8) and plain torch parameters (ZC-2b) map their own bytes of the
     file."""
     path, _ = write_dit_checkpoint(tmp_path, shards=shards)
-    module, _ = loader.load_dit(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     adopted = adopted_from_file(module, tensor_positions(path))
     with torch.device("meta"):
         built = TinyDiT()  # eligibility is the model's own, whatever the load made of it
@@ -320,7 +326,9 @@ def test_parameters_adopted_from_the_file_do_not_require_grad(
         path, _ = write_dit_checkpoint(tmp_path, shards=shards)
     else:
         path, _ = write_plain_dit_checkpoint(tmp_path, shards=shards, seed=3)
-    module, _ = loader.load_dit(trainable(model), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(trainable(model), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     adopted = adopted_from_file(module, tensor_positions(path)) & set(parameters_of(module))
     if not adopted:
         pytest.skip("the loader adopted nothing from the file: ZC-1 and ZC-2b judge that")
@@ -341,7 +349,9 @@ def test_offloaded_dit_copies_what_is_not_eligible(
     """The merged QKV layer (its own weight_loader, ZC-3) and pos_embed (a plain-function
     loader, ZC-2) are fresh copies, in memory no checkpoint file backs."""
     path, state = write_dit_checkpoint(tmp_path)
-    module, _ = loader.load_dit(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(
+        DitRequest(trainable(TinyDiT), path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     positions = tensor_positions(path)
     names = [n for n in state if what in n]
     assert names
@@ -381,7 +391,9 @@ def test_copied_values_equal_the_checkpoint_converted_once(
     plan = Plan(checkpoint_load_device=runtime_device)
     conversions = CountConversions()
     with conversions:
-        module, _ = loader.load_dit(trainable(TinyDiT), path, plan=plan, kinds=LINEAR_KINDS)
+        module, _ = loader.load_dit(
+            DitRequest(trainable(TinyDiT), path, plan=plan, kinds=LINEAR_KINDS)
+        )
     assert conversions.elements == sum(t.numel() for t in state.values())
     positions = tensor_positions(path)
     for name, tensor in module.state_dict(keep_vars=True).items():
@@ -399,7 +411,7 @@ def test_copy_path_calls_the_layers_own_weight_loader(
     path, _ = write_dit_checkpoint(tmp_path, dtype=torch.bfloat16)
     spy = mocker.spy(MergedColumnParallelLinear, "weight_loader")  # the model's own layer
     plan = Plan(checkpoint_load_device=runtime_device)
-    module, _ = loader.load_dit(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(TinyDiT, path, plan=plan, kinds=LINEAR_KINDS))
     # Handed the tensor as read (bfloat16) or already in the slot's dtype: SPEC leaves it free.
     calls = {(id(c.args[0]), tuple(c.args[1].shape)) for c in spy.call_args_list}
     assert {c.args[2].dtype for c in spy.call_args_list} <= {torch.bfloat16, torch.float32}
@@ -429,7 +441,7 @@ def test_assertion_in_weight_loader_names_parameter_shapes_and_class(
     error it is chained to (the reference's StateMismatchError) both conform."""
     path = bad_mlp_checkpoint(tmp_path)
     error = refusal(
-        lambda: loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS),
+        lambda: loader.load_dit(DitRequest(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)),
         "blocks.0.mlp_up.weight",
         "Parameter",
         error=Exception,
@@ -446,7 +458,7 @@ def test_reference_words_a_failed_weight_loader(
 ) -> None:
     path = bad_mlp_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="weight_loader failed") as caught:
-        loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+        loader.load_dit(DitRequest(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS))
     assert type(caught.value).__name__ == "StateMismatchError"
     message = str(caught.value)
     assert "checkpoint shape (64, 16), target shape (64, 32), temporary shape (64, 32)" in message
@@ -612,7 +624,7 @@ def test_checkpoint_names_are_checked_before_any_tensor_is_read(
     with DataReads() as reads:
         refusal(
             lambda: loader.load_dit(
-                lambda: TinyDiT(BIG), path, plan=offload_plan, kinds=LINEAR_KINDS
+                DitRequest(lambda: TinyDiT(BIG), path, plan=offload_plan, kinds=LINEAR_KINDS)
             ),
             "extra.weight",
             "head.bias",
@@ -630,7 +642,7 @@ def test_reference_words_a_preflight_mismatch(
     path = write_checkpoint(bad, tmp_path / "bad")
     words = r"unknown in the model: 'extra\.weight'.*missing from the checkpoint: 'head\.bias'"
     with pytest.raises(ValueError, match=words):
-        loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+        loader.load_dit(DitRequest(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS))
 
 
 class DerivedBufferDiT(TinyDiT):
@@ -651,7 +663,9 @@ def test_a_buffer_no_build_on_meta_can_give_is_real_or_refused_by_name(
     a loader that builds for real hands back construction's value. Never a meta tensor."""
     path, _ = write_dit_checkpoint(tmp_path)
     loaded, refused = loaded_or_refused(
-        lambda: loader.load_dit(DerivedBufferDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+        lambda: loader.load_dit(
+            DitRequest(DerivedBufferDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+        )
     )
     if refused is not None:
         assert_names(refused, "freqs")
@@ -679,7 +693,7 @@ def test_writing_to_adopted_parameters_leaves_the_files_unchanged(
     path, state = write_dit_checkpoint(tmp_path / "ckpt", shards=2)
     files = list((tmp_path / "ckpt").iterdir())
     before = digest(files)
-    module, _ = loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, _ = loader.load_dit(DitRequest(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS))
     adopted = adopted_from_file(module, tensor_positions(path)) & set(parameters_of(module))
     assert adopted
     for name in adopted:
@@ -715,7 +729,9 @@ def test_report_counts_what_was_adopted_and_copied_with_each_reason(
     loader: SeamLoader, offload_plan: PlanLike, tmp_path: Path, mappings: None
 ) -> None:
     path, _ = write_dit_checkpoint(tmp_path)
-    module, report = loader.load_dit(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+    module, report = loader.load_dit(
+        DitRequest(TinyDiT, path, plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     state = module.state_dict(keep_vars=True)
     adopted = adopted_from_file(module, tensor_positions(path))
     assert report.component == "transformer"
@@ -737,7 +753,13 @@ def serialized_fp8_load(
     path, state = write_dit_checkpoint(tmp_path, quantization=spec)
     plan = Plan(checkpoint_load_device=CPU)
     module, report = loader.load_dit(
-        lambda: TinyDiT(quantization=spec), path, plan=plan, kinds=LINEAR_KINDS, quantization=spec
+        DitRequest(
+            lambda: TinyDiT(quantization=spec),
+            path,
+            plan=plan,
+            kinds=LINEAR_KINDS,
+            quantization=spec,
+        )
     )
     return (
         module,
