@@ -1,11 +1,11 @@
 """PREC: the dtype each component computes in, and what happens to checkpoint tensors of others.
 
-Every load hands the loader its precision explicitly (`Precisions` through `make_server_args`,
-`dtype=` through `load_dit` and `load_vae`): no test leans on a loader's defaults, except the
-one that judges the defaults themselves from the command line. Checkpoints are written as users
-get them: a DiT saved in bf16 (the class's fp32 modules in fp32, as diffusers saves a model it
-loaded with `torch_dtype`), or in fp32; values are judged against `tensor.to(dtype)` of the
-file's own tensor, bit for bit.
+Every load hands the loader its precision explicitly (`Precisions` in the `ServingOptions` of
+`make_server_args`, `dtype` in the `DitRequest` and `VaeRequest`): no test leans on a loader's
+defaults, except the one that judges the defaults themselves from the command line.
+Checkpoints are written as users get them: a DiT saved in bf16 (the class's fp32 modules in
+fp32, as diffusers saves a model it loaded with `torch_dtype`), or in fp32; values are judged
+against `tensor.to(dtype)` of the file's own tensor, bit for bit.
 """
 
 from __future__ import annotations
@@ -63,13 +63,13 @@ def saved(folder: Path) -> dict[str, torch.Tensor]:
 def pipeline(
     root: Path, *, dit_saved: torch.dtype | None, dit: type[nn.Module] = PipelineDiT
 ) -> Path:
-    """A transformer (saved in `dit_saved`; None: as built, fp32) and a video VAE (fp32)."""
+    """Two DiTs, as Wan 2.2 has them (`transformer` and `transformer_2`, saved in `dit_saved`;
+    None: as built, fp32), and a video VAE (fp32)."""
     components = {
-        "transformer": FakeComponent(
-            dit, {"hidden": 32, "depth": 2}, seed=2, checkpoint_dtype=dit_saved
-        ),
-        "vae": FakeComponent(PipelineVAE, {}, seed=3),
+        name: FakeComponent(dit, {"hidden": 32, "depth": 2}, seed=seed, checkpoint_dtype=dit_saved)
+        for name, seed in (("transformer", 2), ("transformer_2", 4))
     }
+    components["vae"] = FakeComponent(PipelineVAE, {}, seed=3)
     return write_pipeline(root, components)
 
 
@@ -143,43 +143,50 @@ def test_each_component_is_built_in_its_precision(
 ) -> None:
     root = pipeline(tmp_path, dit_saved=BF16)
     precisions = Precisions(dit=dit, vae=vae)
-    for component, dtype in (("transformer", dit), ("vae", vae)):
+    for component, dtype in (("transformer", dit), ("transformer_2", dit), ("vae", vae)):
         module = load_component(loader, root, component, precisions)
         assert_values_are_the_file_in(module, saved(root / component), lambda _, d=dtype: d)
 
 
 @pytest.mark.rule("PREC-1")
 @pytest.mark.capability(PIPELINES)
-@pytest.mark.parametrize("component", ["transformer", "vae"])
+@pytest.mark.parametrize("component", ["transformer", "transformer_2", "vae"])
 def test_a_component_override_wins_over_its_kind(
     loader: SeamLoader, tmp_path: Path, component: str
 ) -> None:
+    """The override names one component: the other DiT keeps `--dit-precision`."""
     root = pipeline(tmp_path, dit_saved=BF16)
     precisions = Precisions(dit=BF16, vae=FP32, components={component: FP16})
-    module = load_component(loader, root, component, precisions)
-    assert_values_are_the_file_in(module, saved(root / component), lambda _: FP16)
+    for name in ("transformer", "transformer_2", "vae"):
+        dtype = FP16 if name == component else FP32 if name == "vae" else BF16
+        module = load_component(loader, root, name, precisions)
+        assert_values_are_the_file_in(module, saved(root / name), lambda _, d=dtype: d)
 
 
 @pytest.mark.rule("PREC-1")
 @pytest.mark.capability(CLI_ARGS, PIPELINES)
 @pytest.mark.parametrize(
-    ("argv", "dit", "vae"),
+    ("argv", "wanted"),
     [
-        ((), BF16, FP32),
-        (("--dit-precision", "fp32", "--vae-precision=bf16"), FP32, BF16),
-        (("--component-precisions.transformer=fp16",), FP16, FP32),
-        (("--component_precisions.vae", "fp16"), BF16, FP16),
+        ((), (BF16, BF16, FP32)),
+        (("--dit-precision", "fp32", "--vae-precision=bf16"), (FP32, FP32, BF16)),
+        (("--component-precisions.transformer_2=fp16",), (BF16, FP16, FP32)),
+        (("--component_precisions.vae", "fp16"), (BF16, BF16, FP16)),
     ],
     ids=["defaults", "both-flags", "override", "underscore-prefix"],
 )
 def test_the_command_line_gives_a_bf16_dit_and_an_fp32_vae_unless_told(
-    loader: SeamLoader, tmp_path: Path, argv: tuple[str, ...], dit: torch.dtype, vae: torch.dtype
+    loader: SeamLoader,
+    tmp_path: Path,
+    argv: tuple[str, ...],
+    wanted: tuple[torch.dtype, torch.dtype, torch.dtype],
 ) -> None:
-    """Upstream's defaults (`--dit-precision bf16`, `--vae-precision fp32`) and its flags."""
+    """Upstream's defaults (`--dit-precision bf16`, `--vae-precision fp32`) and its flags;
+    `wanted`: the dtypes of transformer, transformer_2 and vae."""
     root = pipeline(tmp_path, dit_saved=FP32)
     args, rest = loader.parse_server_args(["--zz-unrelated-option", *argv])
     assert rest == ["--zz-unrelated-option"]
-    for component, dtype in (("transformer", dit), ("vae", vae)):
+    for component, dtype in zip(("transformer", "transformer_2", "vae"), wanted, strict=True):
         module = loader.load_pipeline_component(
             root, component, args, platform=NO_CUDA, models=MODEL_CLASSES
         )
@@ -218,20 +225,21 @@ def test_load_vae_streams_into_the_dtype_it_is_handed(loader: SeamLoader, tmp_pa
 @pytest.mark.rule("PREC-2")
 @pytest.mark.capability(PIPELINES)
 @pytest.mark.parametrize("dit_saved", [BF16, None], ids=["saved-bf16", "saved-fp32"])
+@pytest.mark.parametrize("component", ["transformer", "transformer_2"])
 def test_modules_the_class_keeps_in_fp32_stay_fp32(
-    loader: SeamLoader, tmp_path: Path, dit_saved: torch.dtype | None
+    loader: SeamLoader, tmp_path: Path, dit_saved: torch.dtype | None, component: str
 ) -> None:
     """`_keep_in_fp32_modules` (norm1, time_embed) stay fp32 in a bf16 DiT, as diffusers'
     `from_pretrained(torch_dtype=torch.bfloat16)` keeps them; the integer buffer keeps int64."""
     root = pipeline(tmp_path, dit_saved=dit_saved, dit=PipelineKeptDiT)
-    module = load_component(loader, root, "transformer", Precisions(dit=BF16, vae=FP32))
+    module = load_component(loader, root, component, Precisions(dit=BF16, vae=FP32))
     kept = PipelineKeptDiT._keep_in_fp32_modules
     skip_unless_built_in(module, BF16, fp32=tuple(kept))
 
     def wanted(key: str) -> torch.dtype:
         return FP32 if any(m in key.split(".") for m in kept) else BF16
 
-    assert_values_are_the_file_in(module, saved(root / "transformer"), wanted)
+    assert_values_are_the_file_in(module, saved(root / component), wanted)
     positions = module.state_dict()["positions"]
     assert positions.dtype == torch.int64, f"the integer buffer became {positions.dtype}"
     assert torch.equal(positions, torch.arange(4))

@@ -119,3 +119,28 @@ def test_sglang_still_fails_exactly_the_tables_rules(tmp_path: Path) -> None:
     assert not listed - got, (
         f"rules the table lists that sglang no longer fails: {sorted(listed - got)}"
     )
+
+
+@pytest.mark.selftest
+def test_the_adapter_hands_sglang_the_precisions_in_its_own_spelling() -> None:
+    """PREC through the sglang adapter: the suite's `Precisions` become upstream's
+    `dit_precision`, `vae_precision` and `component_precisions` fields, spelled as its flags
+    take them. Runs where sglang is installed (`tox -e matrix-sglang`)."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang 0.5.23 is not installed here: tox -e matrix-sglang builds its env")
+    import torch
+
+    from reference.kit.seam import Precisions
+    from reference.kit.sglang_adapter import _precision_fields
+
+    fields = _precision_fields(
+        Precisions(
+            dit=torch.bfloat16, vae=torch.float32, components={"transformer_2": torch.float16}
+        )
+    )
+    assert fields == {
+        "dit_precision": "bf16",
+        "vae_precision": "fp32",
+        "component_precisions": {"transformer_2": "fp16"},
+    }
+    assert _precision_fields(None) == {}, "no precisions must leave sglang's defaults"
