@@ -42,6 +42,9 @@ __all__ = [
 ]
 
 _SERIALS = itertools.count()
+
+ROPE_DIM = 32
+"""Frequencies per position of `CorpusDiT`'s rotary table."""
 _LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
 
 
@@ -88,7 +91,11 @@ class CorpusDiT(nn.Module):
     linear_kinds = LINEAR_KINDS
 
     def __init__(
-        self, *, quantization: QuantizationSpec | None = None, table_length: int = 0
+        self,
+        *,
+        quantization: QuantizationSpec | None = None,
+        table_length: int = 0,
+        rope_max_seq_len: int = 0,
     ) -> None:
         super().__init__()
         self.proj = ReplicatedLinear(4, 8, quant_method=quant_method_factory(quantization)())
@@ -96,6 +103,10 @@ class CorpusDiT(nn.Module):
         if table_length:  # a table computed in __init__, sized by config.json (a rotary table)
             table = torch.arange(table_length, dtype=torch.float32)
             self.register_buffer("table", table, persistent=False)
+        if rope_max_seq_len:  # a rotary table as diffusers' DiTs derive one: positions x freqs
+            positions = torch.arange(rope_max_seq_len, dtype=torch.float32)
+            angles = torch.outer(positions, torch.linspace(0.0, 1.0, ROPE_DIM))
+            self.register_buffer("rope", angles.cos(), persistent=False)
         _built(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -187,6 +187,21 @@ def _huge_construction(root: Path, component: str) -> Hostile:
     return Hostile("config-asks-for-terabytes", root, (component,), memory=True)
 
 
+def _sized_past_the_checkpoint(root: Path, component: str) -> Hostile:
+    """A config.json sizing what no host runs out of at once, yet far past the checkpoint: a
+    20000-wide weight (1.6 GB, the VAE; its checkpoint holds no such tensor) or a rotary table
+    of 20 million positions derived with `torch.outer` and `.cos()` (2.6 GB, the DiT; no factory
+    call asks for it)."""
+    config_path = root / component / "config.json"
+    config = json.loads(config_path.read_text())
+    if config["_class_name"] == "CorpusVAE":
+        config["extra_width"] = 20_000
+    else:
+        config["rope_max_seq_len"] = 20_000_000
+    config_path.write_text(json.dumps(config))
+    return Hostile("config-sizes-past-the-checkpoint", root, (component,), memory=True)
+
+
 PIPELINE_CASES: dict[str, Callable[[Path, str], Hostile]] = {
     **{
         f"{name}-{kind}": _pipeline_json(f"{name}-{kind}", file, kind)
@@ -197,6 +212,7 @@ PIPELINE_CASES: dict[str, Callable[[Path, str], Hostile]] = {
         for kind in ("nested", "long-number", "folder", "named-pipe", "device-file")
     },
     "config-asks-for-terabytes": _huge_construction,
+    "config-sizes-past-the-checkpoint": _sized_past_the_checkpoint,
 }
 """Entries written into a corpus pipeline's root, for one of its components."""
 

@@ -33,6 +33,7 @@ from torch import nn
 from reference.adopt import LinearKinds
 from reference.errors import CheckpointError
 from reference.extras import install_hint
+from reference.host_memory import allocation_guard
 from reference.pipeline import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
 
 __all__ = [
@@ -172,6 +173,7 @@ def model_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[]
 
     Raises:
         CheckpointError: from `build()`, a config the class rejects, naming config.json.
+        HostMemoryError: from `build()`, a construction past the host's memory.
     """
     diffusers_class: Any = cls  # ModelMixin's from_config is not part of nn.Module's type
     config: Mapping[str, Any] = {
@@ -180,7 +182,9 @@ def model_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[]
 
     def build() -> nn.Module:
         try:
-            module: nn.Module = diffusers_class.from_config(dict(config))
+            # The guard names the config's keys when the construction is refused.
+            with allocation_guard(component.name, config=config):
+                module: nn.Module = diffusers_class.from_config(dict(config))
         except (TypeError, ValueError, KeyError, AssertionError) as exc:
             raise CheckpointError(
                 str(component.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"

@@ -36,7 +36,9 @@ from reference.checkpoint import (
 from reference.errors import StateMismatchError, listed, shown
 from reference.host_memory import (
     COPY_FIX,
+    allocation_guard,
     available_host_bytes,
+    construction_budget,
     refuse_beyond_host,
 )
 from reference.modules import (
@@ -86,7 +88,11 @@ def check_names(
 
 
 def build_dit(
-    build: Callable[[], nn.Module], *, component: str, dtype: torch.dtype | None = None
+    build: Callable[[], nn.Module],
+    *,
+    component: str,
+    dtype: torch.dtype | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> nn.Module:
     """Construct the DiT as the VAE is constructed (reference.modules.build_on_meta): parameters and
     persistent buffers go to `meta` as they are registered, while non-persistent buffers
@@ -101,12 +107,20 @@ def build_dit(
     more before it went to meta (DG-5 counts device allocations).
 
     With `dtype`, the slots are then given the component's precision on meta
-    (`reference.precision.cast_slots`: PREC-1, PREC-2).
+    (`reference.precision.cast_slots`: PREC-1, PREC-2). With `checkpoint`, the construction
+    may take no more host memory than that checkpoint explains
+    (`reference.host_memory.construction_budget`: a config.json that sizes a table far past the
+    weights is refused before the table is allocated).
 
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
+        HostMemoryError: the construction would take more host memory than it may.
     """
-    module = build_on_meta(build, component=component)
+    total = None if checkpoint is None else checkpoint.total_bytes
+    with allocation_guard(
+        component, budget=construction_budget(checkpoint_bytes=total, ordinary=False)
+    ):
+        module = build_on_meta(build, component=component)
     refuse_unrebuildable_buffers(module, component=component)
     if dtype is not None:
         cast_slots(module, dtype)
@@ -286,7 +300,7 @@ def load_dit(
             refuse_beyond_host(
                 component, opened.total_bytes, available=host_bytes, what=what, fix=COPY_FIX
             )
-    module = build_dit(build, component=component, dtype=dtype)
+    module = build_dit(build, component=component, dtype=dtype, checkpoint=opened)
     steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
     direct = plan.load_full_state_dict_on_device
     if steps.reader is not None:

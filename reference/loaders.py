@@ -28,7 +28,13 @@ from torch import nn
 
 from reference.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
 from reference.args import ServerArgs
-from reference.checkpoint import TensorReader, hidden_files, open_checkpoint, skipped_notes
+from reference.checkpoint import (
+    Checkpoint,
+    TensorReader,
+    hidden_files,
+    open_checkpoint,
+    skipped_notes,
+)
 from reference.errors import (
     LISTED,
     CheckpointError,
@@ -38,7 +44,7 @@ from reference.errors import (
     listed,
     shown,
 )
-from reference.host_memory import allocation_guard
+from reference.host_memory import allocation_guard, construction_budget
 from reference.pipeline import (
     CONFIG,
     ComponentSpec,
@@ -252,7 +258,7 @@ def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
     """
     cls = registry.resolve(spec.class_name, component=spec)
     try:
-        with allocation_guard(spec.name):
+        with allocation_guard(spec.name, config=spec.init_kwargs):
             return cls(**spec.init_kwargs)
     except TypeError as exc:
         raise CheckpointError(
@@ -265,7 +271,7 @@ def _names(names: list[str]) -> str:
 
 
 def load_state_ordinarily(
-    module: nn.Module, component: ComponentSpec, device: torch.device
+    module: nn.Module, component: ComponentSpec, device: torch.device, checkpoint: Checkpoint
 ) -> list[TensorRecord]:
     """The ordinary path: read each tensor onto `device` and copy it into the module's state.
 
@@ -276,7 +282,6 @@ def load_state_ordinarily(
         CheckpointError: for unreadable weights.
         StateMismatchError: listing missing and unexpected names, or each wrong shape.
     """
-    checkpoint = open_checkpoint(component.folder)
     expected = module.state_dict()
     missing = sorted(set(expected) - set(checkpoint.tensors))
     unexpected = sorted(set(checkpoint.tensors) - set(expected))
@@ -325,13 +330,14 @@ def load_ordinarily(
     The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
     parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path)."""
     spec = request.component
-    if build is None:
-        module = build_module(registry, spec)
-    else:  # the same construction guard as the registry's classes and the meta builds
-        with allocation_guard(spec.name):
-            module = build()
+    checkpoint = open_checkpoint(spec.folder)
+    # The build may take no more host memory than its checkpoint explains: weights within
+    # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
+    budget = construction_budget(checkpoint_bytes=checkpoint.total_bytes, ordinary=True)
+    with allocation_guard(spec.name, budget=budget, config=spec.init_kwargs):
+        module = build_module(registry, spec) if build is None else build()
     cast_slots(module, request.dtype)  # PREC-1, PREC-2: the real slots, converted before loading
-    records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device)
+    records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device, checkpoint)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
     return module.to(target).eval(), records
 

@@ -40,7 +40,13 @@ from reference.checkpoint import (
     skipped_notes,
 )
 from reference.errors import ComponentCheckpointUnsupportedError
-from reference.host_memory import available_host_bytes, refuse_beyond_host, slot_bytes
+from reference.host_memory import (
+    allocation_guard,
+    available_host_bytes,
+    construction_budget,
+    refuse_beyond_host,
+    slot_bytes,
+)
 from reference.modules import (
     Slot,
     build_on_meta,
@@ -234,7 +240,10 @@ def load_vae(
     refuse_unsupported_config(component, config, quantization)
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
-    module = steps.build(build, component=component)
+    # The construction may take no more host memory than its checkpoint explains (tables).
+    budget = construction_budget(checkpoint_bytes=checkpoint.total_bytes, ordinary=False)
+    with allocation_guard(component, budget=budget, config=config):
+        module = steps.build(build, component=component)
     if dtype is not None:
         cast_slots(module, dtype)
     steps.refuse_buffers(module, component=component)

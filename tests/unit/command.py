@@ -19,6 +19,7 @@ from unittest.mock import patch
 
 import reference
 from reference.__main__ import main
+from reference.kit.fakes.corpus_models import while_building
 from reference.platform import SystemPlatform
 
 ROOT = Path(reference.__file__).resolve().parents[1]  # the folder holding the reference package
@@ -57,6 +58,22 @@ def run_reference(*argv: str, hide_cuda: bool = False) -> Result:
         except SystemExit as exc:  # argparse's --help and usage errors: an int status
             code = int(exc.code or 0)
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_reference_with_a_shard_swapped_for_a_pipe(*argv: str, shard: Path) -> Result:
+    """`run_reference(*argv, hide_cuda=True)`, with `shard` replaced by a named pipe the first
+    time a corpus model is built (after the command checked the headers): another process
+    swapping a file between the check and the read. Module-level, for an isolated attempt."""
+    swapped: list[bool] = []
+
+    def swap() -> None:
+        if not swapped:
+            swapped.append(True)
+            shard.unlink()
+            os.mkfifo(shard)
+
+    with while_building(swap):
+        return run_reference(*argv, hide_cuda=True)
 
 
 def run_reference_fresh(*argv: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:

@@ -44,6 +44,26 @@ def test_seal_reports_changed_and_vanished_files_only(tmp_path: Path) -> None:
     assert seal.broken() == [f"{tmp_path / 'model-00001-of-00002.safetensors'}: gone"]
 
 
+@pytest.mark.parametrize("where", ["middle", "start", "end"])
+def test_seal_sees_one_byte_written_anywhere_in_a_large_sparse_file(
+    tmp_path: Path, where: str
+) -> None:
+    """A sparse file is sealed by its data only (the corpus's 4 GiB sparse index costs
+    nothing): a one-byte write anywhere is still seen, even a zero into a hole."""
+    big = tmp_path / "model.safetensors.index.json"
+    size = 64 * 1024**2
+    with big.open("wb") as f:
+        f.truncate(size)
+    seal = Seal()
+    seal.add(tmp_path)
+    assert seal.broken() == []
+    offset = {"middle": size // 2, "start": 10, "end": size - 10}[where]
+    with big.open("r+b") as f:
+        f.seek(offset)
+        f.write(b"\x00")  # the same byte: only the write itself shows
+    assert seal.broken() == [f"{big}: bytes changed"]
+
+
 def test_seal_reports_files_created_in_a_sealed_folder(tmp_path: Path) -> None:
     write_checkpoint(small_state(), tmp_path / "ckpt")
     seal = Seal()

@@ -39,7 +39,7 @@ from reference.kit.fakes.load_paths import (
 )
 from reference.kit.isolated import Attempt, isolated_call
 
-from .command import run_reference
+from .command import run_reference, run_reference_with_a_shard_swapped_for_a_pipe
 
 DEADLINE = 15.0
 """Seconds one attempt's call may take (the child's start is not counted)."""
@@ -220,3 +220,25 @@ def test_the_command_line_refuses_hostile_pipeline_files(
     sealed.add(tmp_path)
     result = isolated_call(run_reference, *_command(root), hide_cuda=True, deadline=DEADLINE)
     assert_command_refused(result, hostile)
+
+
+@pytest.mark.internal
+@pytest.mark.reference_only("runs the reference's own command line")
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need a POSIX system")
+@pytest.mark.parametrize("component", PIPELINE_COMPONENTS)
+def test_the_command_line_refuses_a_shard_swapped_for_a_pipe_after_its_check(
+    tmp_path: Path, sealed: Seal, component: str
+) -> None:
+    root = tmp_path / "pipeline"
+    folder = corpus_pipeline(root, emptied=component)
+    write_checkpoint(small_state(), folder, shards=2)
+    *others, shard = sorted(folder.glob("*.safetensors"))
+    for kept in others:
+        sealed.add(kept)
+    result = isolated_call(
+        run_reference_with_a_shard_swapped_for_a_pipe,
+        *_command(root),
+        shard=shard,
+        deadline=DEADLINE,
+    )
+    assert_command_refused(result, Hostile("shard-swapped-for-a-pipe", root, (shard.name,)))

@@ -381,26 +381,47 @@ def test_construction_beyond_host_memory_is_refused_before_allocating(
 @pytest.mark.rule("CKPT-4")
 @pytest.mark.reference_only(OWN)
 @pytest.mark.capability(PIPELINES)
-def test_an_ordinary_component_build_beyond_host_memory_is_refused_before_allocating(
-    loader: SeamLoader, tmp_path: Path
+@pytest.mark.parametrize(
+    ("component", "class_name", "sizing"),
+    [
+        ("vae", "AutoencoderKLWan", {"base_dim": 100_000}),
+        ("vae", "AutoencoderKLWan", {"base_dim": 20_000}),
+        ("transformer", "WanTransformer3DModel", {"rope_max_seq_len": 20_000_000}),
+    ],
+    ids=["vae-base-dim-petabytes", "vae-base-dim-terabytes", "dit-rope-table-gigabytes"],
+)
+def test_a_config_that_sizes_a_real_class_past_the_host_is_refused_before_allocating(
+    loader: SeamLoader,
+    tmp_path: Path,
+    component: str,
+    class_name: str,
+    sizing: dict[str, int],
 ) -> None:
-    """The pipeline's ordinary VAE path builds a diffusers class for real (no meta build) from
-    a config.json whose `base_dim` asks for petabytes: the construction guard every other build
-    has refuses it, naming the component, instead of torch's allocation failure wrapped as a
-    load error."""
-    pytest.importorskip("diffusers", reason="the diffusers VAE class needs the [diffusers] extra")
+    """diffusers' own classes on the pipeline path, from a config.json whose one value sizes
+    the build: `base_dim` (the VAE's weights, built for real by the ordinary path) or
+    `rope_max_seq_len` (the DiT's rotary table, derived with ops no allocation guard sees).
+    Each is refused in seconds, before allocating, naming the component and the config key."""
+    pytest.importorskip("diffusers", reason="the diffusers classes need the [diffusers] extra")
     from reference.errors import HostMemoryError
+    from reference.kit.fakes.diffusers_pipelines import WAN_DIT
 
     root = tmp_path / "pipeline"
-    (root / "vae").mkdir(parents=True)
-    index = {"_class_name": "WanPipeline", "vae": ["diffusers", "AutoencoderKLWan"]}
+    (root / component).mkdir(parents=True)
+    index = {"_class_name": "WanPipeline", component: ["diffusers", class_name]}
     (root / "model_index.json").write_text(json.dumps(index))
-    config = {"_class_name": "AutoencoderKLWan", "base_dim": 100_000}
-    (root / "vae" / "config.json").write_text(json.dumps(config))
-    write_checkpoint(small_state(), root / "vae")
+    base = dict(WAN_DIT.config) if component == "transformer" else {}
+    config = {"_class_name": class_name, **base, **sizing}
+    (root / component / "config.json").write_text(json.dumps(config))
+    write_checkpoint(small_state(), root / component)
     args = loader.make_server_args(ServingOptions(runtime_device=CPU))
-    with deadline(60), pytest.raises(HostMemoryError, match="vae"):
-        loader.load_pipeline_component(root, "vae", args, platform=FakePlatform(cuda=False))
+    ((key, value),) = sizing.items()
+    started = time.perf_counter()
+    with deadline(60), pytest.raises(HostMemoryError, match="refused before allocating") as caught:
+        loader.load_pipeline_component(root, component, args, platform=FakePlatform(cuda=False))
+    assert time.perf_counter() - started < 10, "the refusal came late: something was built"
+    message = str(caught.value)
+    assert message.startswith(f"{component}:"), message
+    assert f"{key}={value}" in message, f"the refusal does not name {key}: {message}"
 
 
 # --- files that are not part of a checkpoint -----------------------------------------------------
