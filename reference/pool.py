@@ -1,22 +1,23 @@
 """A bounded pool of reader threads, for loads that copy every tensor (`PooledReader`).
 
-One stream reading a cold file reads at about half the rate two or more streams reach
-(`reference.reading` has the figures). The pool reads tensors in file order with `os.preadv`
-into fresh CPU buffers, several at once: every tensor is split into chunks of `CHUNK_BYTES`,
-and the chunks of the tensors in flight are shared among the workers, so one huge tensor is
-read in parallel too. At most `max_tensors` tensors and `max_bytes` bytes are in flight (read
-or being read, not yet handed out; a tensor larger than `max_bytes` is read alone), so the
-reader holds at most that window beside what its caller keeps.
+One stream reads a cold file slower than several (`reference.reading` has the figures). The
+pool reads tensors in file order with `os.preadv` into fresh CPU buffers, several at once.
+Where its buffers are staging (a load onto a device), every tensor is split into chunks of
+`CHUNK_BYTES` and the chunks of the tensors in flight are shared among the workers, so one huge
+tensor is read in parallel too; at most `max_tensors` tensors and `max_bytes` bytes are in
+flight (read or being read, not yet handed out; a tensor larger than `max_bytes` is read alone),
+so the reader holds at most that window beside what its caller keeps.
 
 Where the caller keeps every buffer it is handed as a loaded tensor (`buffers_kept`: a load onto
 the CPU that pools only such tensors), the buffers are the model's memory, not the reader's, and
 a window would bound nothing; there every tensor read ahead is read at once, as `workers`
 contiguous shares of their bytes in file order, one sequential stream per worker: the way the
-machine's best cold read reads a file (`reference.bench.limits.preadv`). Measured at 512 MiB on
-2 cores, cold, fresh processes side by side (medians of 6 to 12): the same 8 MiB chunks read as
-4 contiguous shares took 0.28 s, as long as `preadv` on 4 threads (0.28 s), against 0.35-0.39 s
-handed to the workers one by one and 0.31-0.33 s in runs of 64 MiB; the DiT copy path through
-this reader 0.28 s against 0.29 s for `preadv_4` and 0.28 s for `preadv_3`.
+machine's best cold read reads a file (`reference.bench.limits.preadv`). Measured on 2026-12-02
+at 512 MiB on a 2-vCPU machine, cold, fresh processes side by side (medians of 6 to 12): the
+same 8 MiB chunks read as 4 contiguous shares took 0.28 s, as long as `preadv` on 4 threads
+(0.28 s), against 0.35-0.39 s handed to the workers one by one and 0.31-0.33 s in runs of
+64 MiB; the DiT copy path through this reader took 0.28 s against 0.29 s for `preadv_4` and
+0.28 s for `preadv_3`.
 
 Never for tensors that will be adopted: zero-copy needs views of the file's map (ZC-*); the
 pool's buffers are fresh allocations, which is what the copy path promises.

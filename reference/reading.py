@@ -7,38 +7,34 @@ CPU buffers, several at a time, so a cold file is read at the rate of several st
 one. A load that may adopt tensors (zero-copy, ZC-*) needs views of the file's map instead; there
 `prefetch` populates the map in the background (`reference.prefetch`).
 
-Which loads use the pool by default: the DiT copy path onto the CPU (`load_dit(adopt=False)`),
-and no other. `ReadOptions` with `workers` of 1 or more opts any copying load into the pool,
-`workers=0` keeps it on the map readers. The rule: a copying load uses the pool by default if it
-is faster cold and no slower warm. On the 2-core machine this was measured on (shared, so
-run-to-run spread was 2-4x), it did not hold at first: for a 2 GiB bf16 checkpoint, medians of
-three fresh processes, load plus one read of every byte, pages dropped with
-`posix_fadvise(DONTNEED)` for cold:
-  * DiT copy path: pool 4.0 s cold, 1.35 s warm; map 2.9 s cold, 2.5 s warm;
-  * VAE streaming to CPU: pool 4.1 s cold, 3.7 s warm; map 2.6 s cold, 2.1 s warm;
-  * peak anonymous memory of VAE streaming: 2111 MiB with the pool, 2110 MiB without (the
-    module is 2044 MiB: the pool's buffers become the slots' tensors).
-With the pool copying the tensors already cached from the map instead (`map_when_cached`,
-then its default), the benchmark (`python -m reference bench`, 512 MiB, medians of 5, seven
-runs) found the rule holding for the DiT copy path onto the CPU: cold 0.32-0.43 s through the
-pool against 0.36-0.59 s through the map, warm 0.146-0.165 s against 0.154-0.174 s (one run a
-tie); so it is the default there (three runs since, with the pool reading kept buffers as
-contiguous shares, `reference.pool`: faster cold in all three, warm faster, a tie and 2%
-slower). Not for VAE streaming: slower through the pool warm in every one of the seven runs
-(0.148-0.170 s against 0.141-0.160 s) and in two of the three since; cold faster in one of
-those three, slower in two. The direct path was never measured (no CUDA here).
-`pool_options` is the one place that decides.
+Which loads use the pool: `pool_options` is the one place that decides. Without options
+(`reading=None`) only the DiT copy path onto the CPU does, with `ReadOptions()`; VAE streaming
+and the direct path read from the file's map. Given options with `workers` of 1 or more put any
+copying load, on any device, through the pool; `workers=0` keeps it on the map.
 
-Cached tensors too go through `preadv` by default (`map_when_cached` False) since contiguous
-shares: warm, 512 MiB, fresh processes side by side, medians of 8 in three batches, the DiT
-copy path took 0.206, 0.187 and 0.225 s reading every tensor in shares, against 0.236, 0.205
-and 0.255 s copying the cached ones from the map (`preadv` on 2 threads: 0.219, 0.174, 0.205 s);
-cold, nothing is cached, so nothing changes.
+The rule for a default: a copying load reads through the pool by default if it is faster cold
+and no slower warm. Two runs of `python -m reference bench --json ...` on 2026-12-02 (512 MiB,
+medians of 5 fresh processes, a 2-vCPU machine, torch 2.13.0+cpu; docs/bench.md), pool against
+map:
+  * DiT copy path onto the CPU: cold 0.470 / 0.500 s and 0.450 / 0.507 s, warm 0.230 / 0.268 s
+    and 0.291 / 0.296 s. Faster in both states, so the pool is its default.
+  * VAE streaming onto the CPU: cold 0.457 / 0.436 s and 0.484 / 0.504 s, warm 0.257 / 0.254 s
+    and 0.242 / 0.274 s. Slower in both states in the first run, so it keeps the map. Its peak
+    anonymous memory is the same either way (514.6 / 514.7 MiB for a 515.4 MiB VAE): the
+    pool's buffers become the slots' tensors.
+  * The direct path is not measured (no CUDA device on that machine).
 
-Defaults of the fields: raw `preadv` of the whole cold file read 0.55-0.7 GB/s on one thread,
-1.2-1.4 GB/s on two, 1.3-1.6 GB/s on four (8 MiB chunks; eight threads no faster, 2 MiB chunks
-slower), so `workers` is twice the cores, from 2 to 8. The window only has to keep every worker
-busy: `max_tensors` 16 and `max_bytes` 256 MiB.
+`map_when_cached` is False by default: the pool reads every tensor it selects with `preadv`,
+cached or not. Warm, 512 MiB, fresh processes side by side, medians of 8 in three batches (same
+machine and date), the DiT copy path took 0.206, 0.187 and 0.225 s so, against 0.236, 0.205 and
+0.255 s copying the cached tensors from the map (`preadv` on 2 threads alone: 0.219, 0.174 and
+0.205 s); cold nothing is cached, so nothing changes.
+
+Defaults of the other fields: `workers` is twice the cores, from 2 to 8. The best cold reads of
+the two runs used 3 and 4 threads on 2 cores (`preadv` on one thread 1.16 GiB/s, on three 1.61
+GiB/s), and 6 or 8 workers read a cold 512 MiB file no faster than 4 (0.33-0.34 s against
+0.27 s, side by side, same machine and date). The window only has to keep every worker busy
+where the pool stages buffers for a device: `max_tensors` 16 and `max_bytes` 256 MiB.
 """
 
 from __future__ import annotations

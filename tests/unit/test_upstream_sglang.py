@@ -1,6 +1,6 @@
-"""sglang's row stays honest: the rules sglang 0.5.23's loader fails are the README's table.
+"""sglang's row stays honest: the rules sglang 0.5.23's loader fails are in docs/upstream.md.
 
-The README lists every rule the upstream loader fails under the suite (between the
+docs/upstream.md lists every rule the upstream loader fails under the suite (between the
 `<!-- sglang-failures -->` markers), each with the line of sglang's source that shows the
 behaviour and whether the rule is a gap SPEC names ([+]) or an upstream rule sglang breaks ([U]).
 `docs/matrix/sglang-cpu.json` is the report `tox -e matrix-sglang` last wrote.
@@ -30,7 +30,7 @@ from reference.rules import BY_ID
 pytestmark = pytest.mark.internal
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+UPSTREAM = ROOT / "docs" / "upstream.md"
 COMMITTED = ROOT / "docs" / "matrix" / "sglang-cpu.json"
 ADAPTER = "reference.kit.sglang_adapter:SglangLoader"
 BEGIN, END = "<!-- sglang-failures -->", "<!-- /sglang-failures -->"
@@ -43,12 +43,12 @@ DEADLINE_S = 3600
 
 
 def table() -> dict[str, tuple[str, str]]:
-    """The README's table: rule -> (origin mark, source column)."""
-    if not README.is_file():
-        pytest.skip("no README beside the tests (an installed copy of the suite)")
-    text = README.read_text(encoding="utf-8")
-    assert BEGIN in text, f"README.md has no {BEGIN} ... {END} table"
-    assert END in text, f"README.md has no {BEGIN} ... {END} table"
+    """docs/upstream.md's table: rule -> (origin mark, source column)."""
+    if not UPSTREAM.is_file():
+        pytest.skip("no docs/upstream.md beside the tests (an installed copy of the suite)")
+    text = UPSTREAM.read_text(encoding="utf-8")
+    assert BEGIN in text, f"docs/upstream.md has no {BEGIN} ... {END} table"
+    assert END in text, f"docs/upstream.md has no {BEGIN} ... {END} table"
     rows: dict[str, tuple[str, str]] = {}
     for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
         match = ROW.match(line)
@@ -114,7 +114,7 @@ def test_sglang_still_fails_exactly_the_tables_rules(tmp_path: Path) -> None:
     report = fresh_report(tmp_path)
     got, listed = failed(report), set(table())
     assert not got - listed, (
-        f"sglang fails rules the README's table does not list: {sorted(got - listed)}"
+        f"sglang fails rules the table in docs/upstream.md does not list: {sorted(got - listed)}"
     )
     assert not listed - got, (
         f"rules the table lists that sglang no longer fails: {sorted(listed - got)}"
