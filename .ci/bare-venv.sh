@@ -13,5 +13,5 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip list --format=freeze | grep -iE '^(torch|safetensors|numpy|pytest|pytest-mock|tqdm|hypothesis|diffusers)=' || true
 export CUDA_VISIBLE_DEVICES=
 "$venv/bin/python" -m pytest tests/unit --loader=reference --runtime-device=cpu -q -p no:cacheprovider \
-    -m "not selftest" -rs
+    -m "not selftest and not long" -rs
 "$venv/bin/python" -m pytest tests/gpu --collect-only -q -p no:cacheprovider --runtime-device=cpu --loader=reference

@@ -19,6 +19,6 @@ PY
 report="${TMPDIR:-/tmp}/conformance-cuda.json"
 # SIGINT first: pytest stops like on Ctrl-C and still prints its summary and the figures.
 timeout --signal=INT --kill-after=30 "${GPU_CHECK_TIMEOUT:-480}" \
-    python3 -m pytest tests/unit tests/gpu --loader=reference --runtime-device=cuda -m "not selftest" -q -rs \
+    python3 -m pytest tests/unit tests/gpu --loader=reference --runtime-device=cuda -m "not selftest and not long" -q -rs \
     -p no:cacheprovider --durations=15 \
     --conformance-report="$report" "$@"

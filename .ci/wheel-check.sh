@@ -31,8 +31,11 @@ fi
 echo "pytest --version in the kit's venv: $(wc -l <importtime.log) modules imported, neither torch nor reference"
 export CUDA_VISIBLE_DEVICES=
 code=0
+# The installed kit judged, not at length: the hostile corpus and the blocking files, whose
+# attempts against this baseline each wait out a deadline, are left to tox -e matrix.
 "$work/venv/bin/python" -m reference conform --loader=reference.kit.baseline:PlainAssign \
-    --conformance-report=r.json -n auto -q --no-header >conform.log 2>&1 || code=$?
+    --conformance-report=r.json -n auto -q --no-header -k "not hostile and not blocking" \
+    >conform.log 2>&1 || code=$?
 tail -n 3 conform.log
 [ "$code" -eq 1 ] || { echo "conform exited $code; expected 1 (plain-assign breaks MUST rules)"; exit 1; }
 "$work/venv/bin/python" - <<'PY'

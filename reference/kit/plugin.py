@@ -81,10 +81,14 @@ REASON_PROPERTY = "conformance_reason"  # ... and a failure's one line
 DEFECT_PROPERTY = "conformance_suite_defect"  # ... and a defect of the suite itself
 INTERNAL_PROPERTY = "conformance_internal"  # ... and that the test is one of the suite's own
 NO_LOADER_OUTPUT = "conformance_no_loader"  # a worker's word that it collected tests to judge
+OPT_IN = ("selftest", "long")
+"""Markers of the tests a run without `-m` leaves out (`-m "selftest or long"` runs them)."""
 MARKERS = (
     "rule(*ids): the rule IDs of the contract (reference/rules.py) that this test pins",
     "internal: a test of the suite's own machinery; names no contract rule",
     "selftest: a long run of the suite against loaders it must fail (tox -e selftest)",
+    "long: a test of the suite's own programs that takes seconds (the benchmark end to end,"
+    " distributed runs of the kit); with selftest, left out unless -m names it",
     "capability(name): the adapter capability this test needs; skipped when the loader under"
     " test does not declare it",
     "reference_only(why): judges the reference alone (its wording, reasons or internals); runs"
@@ -196,6 +200,14 @@ class Conformance:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
+        if not config.getoption("markexpr"):
+            # The suite tested at length is `tox -e selftest`'s (`-m "selftest or long"`): a
+            # plain run is the contract tests and the quick tests of the kit.
+            opted = [i for i in items if any(i.get_closest_marker(m) for m in OPT_IN)]
+            if opted:
+                config.hook.pytest_deselected(items=opted)
+                left = set(items) - set(opted)
+                items[:] = [item for item in items if item in left]
         for item in items:
             rules = tuple(i for m in item.iter_markers("rule") for i in m.args)
             if item.get_closest_marker("reference_only") and not self.judges_reference:

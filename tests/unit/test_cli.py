@@ -222,6 +222,7 @@ def test_without_models_a_fake_class_is_not_offered(pipeline: Path) -> None:
     assert "registered: none" in result.stderr  # nothing imported by default
 
 
+@pytest.mark.long  # the whole demo in a fresh interpreter
 def test_demo_keeps_each_refusal_under_its_heading_when_piped() -> None:
     result = run("demo")
     assert result.returncode == 0, result.stdout + result.stderr

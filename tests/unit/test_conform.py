@@ -123,6 +123,7 @@ def test_conform_help_names_the_loader_option(capsys: pytest.CaptureFixture[str]
     assert "--loader" in capsys.readouterr().out
 
 
+@pytest.mark.long  # a whole conform run in a child
 @pytest.mark.usefixtures("installed")
 def test_conform_writes_nothing_into_the_callers_folder_but_the_report(elsewhere: Path) -> None:
     """hypothesis keeps an example database, by default `.hypothesis/` in the working folder:

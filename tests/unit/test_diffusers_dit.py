@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from filelock import FileLock
 from torch import nn
 
 from reference.extras import install_hint
@@ -65,14 +67,23 @@ def diffusers() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory, diffusers: ModuleType) -> dict[str, Path]:
-    """Every pipeline in every layout, written once: "wan-single", "flux-sharded", ..."""
-    root = tmp_path_factory.mktemp("hub")
+    """Every pipeline in every layout, written once for the whole run, whatever the number of
+    xdist workers (under the folder they share, behind a lock): "wan-single", ..."""
+    # Each xdist worker's base folder sits in the run's own: shared by this run's workers only.
+    workers = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    base = tmp_path_factory.getbasetemp().parent if workers else tmp_path_factory.mktemp("run")
+    root = base / "hub"
+    with FileLock(f"{root}.lock"):
+        if not (root / "written").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            for name, pipeline in PIPELINES_BY_NAME.items():
+                for layout, sharded in LAYOUTS.items():
+                    write_hub_pipeline(root / f"{name}-{layout}", pipeline, seed=3, sharded=sharded)
+            (root / "written").touch()
     return {
-        f"{name}-{layout}": write_hub_pipeline(
-            root / f"{name}-{layout}", pipeline, seed=3, sharded=sharded
-        )
-        for name, pipeline in PIPELINES_BY_NAME.items()
-        for layout, sharded in LAYOUTS.items()
+        f"{name}-{layout}": root / f"{name}-{layout}"
+        for name in PIPELINES_BY_NAME
+        for layout in LAYOUTS
     }
 
 
@@ -380,11 +391,19 @@ SETTINGS = {
 """The settings diffusers 0.42 writes into model_index.json for these pipelines."""
 
 
+CLI_PIPELINES = [
+    pytest.param(name, marks=() if name in ("wan", "flux") else pytest.mark.long)
+    for name in PIPELINES_BY_NAME
+]
+"""The command line on every hub pipeline; Wan and Flux in the unit tier, the others in
+`tox -e selftest` (the library path judges every pipeline in the unit tier)."""
+
+
 @pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
+@pytest.mark.parametrize("name", CLI_PIPELINES)
 def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     hub: dict[str, Path], name: str, layout: str
 ) -> None:
@@ -417,7 +436,7 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("name", list(PIPELINES_BY_NAME))
+@pytest.mark.parametrize("name", CLI_PIPELINES)
 def test_load_command_gives_the_module_from_pretrained_gives(
     hub: dict[str, Path], diffusers: ModuleType, name: str, layout: str
 ) -> None:

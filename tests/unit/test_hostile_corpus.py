@@ -46,6 +46,7 @@ DEADLINE = 15.0
 PEAK_BOUND = 512 * 1024**2
 """Bytes one attempt's resident memory may rise by during the call: a loader that reads a
 device file, a sparse index or a header bomb into memory goes far past it."""
+CLI_IN_UNIT = frozenset({"name-with-control-characters", "a-thousand-unknown-names"})
 LINE_BOUND = 2000
 """Characters a refusal may take: a thousand names are cut, not listed."""
 
@@ -194,9 +195,18 @@ def assert_command_refused(result: Attempt, hostile: Hostile) -> None:
         assert result.peak_bytes <= PEAK_BOUND, f"{result.peak_bytes / 2**20:.0f} MiB: {line}"
 
 
+CLI_WEIGHT_CASES = [
+    pytest.param(case, marks=() if case in CLI_IN_UNIT else pytest.mark.long)
+    for case in sorted(WEIGHT_CASES)
+]
+"""Every weight case on the command line; in the unit tier only those that test what the line
+itself must do (escape control characters, stay short), the rest in `tox -e selftest` (the
+same inputs reach the same loaders through the pipeline paths above in the unit tier)."""
+
+
 @pytest.mark.internal
 @pytest.mark.reference_only("runs the reference's own command line")
-@pytest.mark.parametrize("case", sorted(WEIGHT_CASES))
+@pytest.mark.parametrize("case", CLI_WEIGHT_CASES)
 @pytest.mark.parametrize("component", PIPELINE_COMPONENTS)
 def test_the_command_line_refuses_hostile_weights(
     tmp_path: Path, sealed: Seal, component: str, case: str

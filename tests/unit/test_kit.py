@@ -150,7 +150,10 @@ def test_header_names_adapter_how_chosen_capabilities_and_device(kit: pytest.Pyt
     result.assert_outcomes(passed=4)
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["serial", "xdist"])
+@pytest.mark.parametrize(
+    "workers",
+    [pytest.param(0, id="serial"), pytest.param(2, id="xdist", marks=pytest.mark.long)],
+)
 def test_without_a_chosen_loader_contract_tests_are_a_usage_error(
     kit: pytest.Pytester, workers: int
 ) -> None:
@@ -459,6 +462,7 @@ def test_reference_only_tests_judge_the_reference(kit: pytest.Pytester) -> None:
 # --- pytest-xdist ---------------------------------------------------------------------------
 
 
+@pytest.mark.long  # a whole pytest run of the kit in a child
 def test_a_distributed_run_reports_what_a_serial_run_does(kit: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     _, serial = report_of(kit, "--loader=tinyloaders:PlansOnly")
@@ -469,6 +473,7 @@ def test_a_distributed_run_reports_what_a_serial_run_does(kit: pytest.Pytester) 
     result.stdout.fnmatch_lines(["plans-only@cpu: fails 1 MUST rule: PLAN-2"])
 
 
+@pytest.mark.long  # a whole pytest run of the kit in a child
 @pytest.mark.parametrize("tb", ["auto", "long"])
 def test_a_failure_naming_a_path_that_is_not_utf8_is_reported_not_fatal(
     kit: pytest.Pytester, tb: str
@@ -504,6 +509,7 @@ def test_names_a_strange_path(loader):
     assert "\\udcff" in report["rules"]["PLAN-1"]["reason"]
 
 
+@pytest.mark.long  # a whole pytest run of the kit in a child
 def test_a_distributed_run_with_nothing_to_judge_is_an_error(kit: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     result = run(
@@ -614,6 +620,7 @@ def test_a_failure_is_one_line_rule_first_and_the_report_keeps_it(kit: pytest.Py
     assert "Traceback" not in out
 
 
+@pytest.mark.long  # a whole pytest run of the kit in a child
 def test_a_ctrl_c_ends_with_pytests_summary_and_no_false_diagnosis(
     kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
