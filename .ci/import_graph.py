@@ -2,12 +2,12 @@
 
 Layers, from the bottom:
   loader    reference.* except those below: imports only the loader (and torch and friends);
-  kit       reference.kit.* (its fakes included, reached as reference.kit.fakes): the loader;
+  kit       reference.kit.* (its fakes included, reference.kit.fakes): the loader;
   programs  reference.__main__, reference.demo, reference.bench.*: the loader and the kit;
   tests     tests.*: anything.
 Every import counts, at module level or inside a function, because a lazy import is still a
-dependency. Shipped code never names the repository's top-level `fakes` or `tests` (the wheel
-installs neither). Exits 1 naming each offending import and each cycle; 0 prints a summary.
+dependency. Shipped code never names the repository's `tests` (the wheel installs it only as
+reference.kit.suite). Exits 1 naming each offending import and each cycle; 0 prints a summary.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ PROGRAMS = ("reference.__main__", "reference.demo", "reference.bench")
 
 
 def module_files() -> Iterator[tuple[str, Path]]:
-    """Every module of the project, named as it is imported (the fakes as reference.kit.fakes)."""
+    """Every module of the project, named as it is imported (a file's place is its name)."""
     trees = {"reference": ROOT / "reference", "tests": ROOT / "tests"}
     for top, folder in trees.items():
-        # rglob does not descend into reference/kit/fakes (a link), so the fakes come below.
         for path in sorted(folder.rglob("*.py")):
             yield dotted(top, path.relative_to(folder)), path
-    for path in sorted((ROOT / "fakes").rglob("*.py")):
-        yield dotted("reference.kit.fakes", path.relative_to(ROOT / "fakes")), path
 
 
 def dotted(top: str, relative: Path) -> str:

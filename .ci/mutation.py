@@ -60,7 +60,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 }
 
 # Copied into the work folder (filtered by git so no caches or build outputs travel along).
-COPIED = ("reference", "fakes", "tests", "pyproject.toml")
+COPIED = ("reference", "tests", "pyproject.toml")
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,7 @@ def copy_tree(dest: Path, rev: str | None, overlay: list[Path]) -> None:
         for rel in tracked_files():
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            if (ROOT / rel).is_symlink():  # reference/kit/fakes: the fakes' import name
-                target.symlink_to(os.readlink(ROOT / rel))
-            else:
-                shutil.copy2(ROOT / rel, target)
+            shutil.copy2(ROOT / rel, target)
         return
     dest.mkdir(parents=True)
     archive = git("archive", "--format=tar", rev, "--", *COPIED)
@@ -153,7 +150,7 @@ def mutmut_config(module: str, tests: list[str], deselect: list[str], slack: flo
         "source_paths = reference",
         f"only_mutate = reference/{module}.py",
         f"timeout_multiplier = {slack}",
-        "also_copy =\n    fakes\n    tests",
+        "also_copy =\n    tests",
         "pytest_add_cli_args_test_selection =",
         *(f"    {t}" for t in tests),
         "pytest_add_cli_args =",

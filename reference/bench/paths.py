@@ -144,7 +144,8 @@ class Job:
 
     @functools.cached_property
     def shapes(self) -> Any:
-        """The models' constructor arguments (`fakes/bench.py: BenchShapes`), read once."""
+        """The models' constructor arguments (`reference/kit/fakes/bench.py: BenchShapes`), read
+        once."""
         from reference.kit.fakes.bench import BenchShapes
 
         return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))

@@ -1,10 +1,10 @@
 """ADM-1..5 and DG-3/DG-6: three-layer admission, the no-fallback error, the memory preflight.
 
-Refusals are judged by contract (`fakes/judge.py`): the documented type (a ValueError; the
-no-fallback `ComponentCheckpointUnsupportedError` where ADM-3/ADM-5/DG-3 name it; the adapter's
-`DeviceMemoryError` for the preflight), raised before any weight is read (`fakes/evidence.py`), its
-message naming the flag and the component(s). Tests that pin the reference's own loader classes,
-rule table or wording are marked `reference_only`.
+Refusals are judged by contract (`reference/kit/fakes/judge.py`): the documented type (a ValueError;
+the no-fallback `ComponentCheckpointUnsupportedError` where ADM-3/ADM-5/DG-3 name it; the adapter's
+`DeviceMemoryError` for the preflight), raised before any weight is read
+(`reference/kit/fakes/evidence.py`), its message naming the flag and the component(s). Tests that
+pin the reference's own loader classes, rule table or wording are marked `reference_only`.
 """
 
 from __future__ import annotations

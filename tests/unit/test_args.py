@@ -2,9 +2,9 @@
 
 Direct-GPU loading is about a CUDA runtime device, so admission tests use `cuda:0` as a value and
 fake the platform (CUDA present or not); no device is touched. Refusals are judged by contract
-(`fakes/judge.py`): a ValueError naming the flag (in either spelling of its prefix) and, where a
-component is at fault, the component; the reference's wording is pinned only in reference-only
-tests.
+(`reference/kit/fakes/judge.py`): a ValueError naming the flag (in either spelling of its prefix)
+and, where a component is at fault, the component; the reference's wording is pinned only in
+reference-only tests.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """CKPT-4: every bad checkpoint, on every loading path, ends in one clear error.
 
-The corpus (fakes/corrupt.py) is broken from one valid base that the corpus models fit exactly
-(fakes/corpus_models.py), so a load of an entry can only fail for being corrupt. Each entry goes
-down every path of fakes/load_paths.py: the DiT with adoption, the DiT in direct mode, the VAE
-stream, and a pipeline's transformer and VAE components. Every load must raise one error naming
-the file and the entry, on one line (or, where an either-or rule lets a loader refuse another
-way, the refusal of that branch: a folder of unindexed files refused naming them, CKPT-2); never
-hang, return a model, or leave a model built from the bad input alive. Checkpoints that are
-well formed but belong to another model are refused naming the tensor instead. The load paths
-name no error type beyond ValueError; `inspect_checkpoint` and `read_checkpoint_tensor` raise
-the Protocol's CheckpointError. No test writes to a checkpoint file it sealed.
+The corpus (reference/kit/fakes/corrupt.py) is broken from one valid base that the corpus models fit
+exactly (reference/kit/fakes/corpus_models.py), so a load of an entry can only fail for being
+corrupt. Each entry goes down every path of reference/kit/fakes/load_paths.py: the DiT with
+adoption, the DiT in direct mode, the VAE stream, and a pipeline's transformer and VAE components.
+Every load must raise one error naming the file and the entry, on one line (or, where an either-or
+rule lets a loader refuse another way, the refusal of that branch: a folder of unindexed files
+refused naming them, CKPT-2); never hang, return a model, or leave a model built from the bad input
+alive. Checkpoints that are well formed but belong to another model are refused naming the tensor
+instead. The load paths name no error type beyond ValueError; `inspect_checkpoint` and
+`read_checkpoint_tensor` raise the Protocol's CheckpointError. No test writes to a checkpoint file
+it sealed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The reference's command line on bad weights: one line on stderr, exit 2, nothing loaded.
 
 `python -m reference load DIR` runs as a user would run it, CUDA hidden, in this interpreter
-(command.py), on a corpus pipeline (fakes/corpus_models.py) whose transformer or VAE weights
-are a bad checkpoint. A few representative cases only: every case on every in-process path is in
-test_bad_input.py and test_pickle.py.
+(command.py), on a corpus pipeline (reference/kit/fakes/corpus_models.py) whose transformer or VAE
+weights are a bad checkpoint. A few representative cases only: every case on every in-process path
+is in test_bad_input.py and test_pickle.py.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 These runs test the suite itself, at length: they are `selftest`s (`tox -e selftest`), except one
 broken loader kept in the unit tier as a smoke test of the machinery.
 
-Every case runs, in process, the contract test files that name the rules a broken loader is
-expected to fail (`breaks` and `also_fails`), with `--loader=reference.kit.fakes.broken:<L>`,
-and reads the JSON report: the run must fail, and its failed rules must be exactly the expected
-ones, so a defect that slips through, or spills into rules it should not touch, fails here. The
-blast radius is checked test by test too: every failing test must name a rule the defect breaks (one
-defect, its rules only). A correct variant (`fakes/broken: CORRECT`: what SPEC leaves free)
-must fail nothing.
+Every case runs, in process, the contract test files that name the rules a broken loader is expected
+to fail (`breaks` and `also_fails`), with `--loader=reference.kit.fakes.broken:<L>`, and reads the
+JSON report: the run must fail, and its failed rules must be exactly the expected ones, so a defect
+that slips through, or spills into rules it should not touch, fails here. The blast radius is
+checked test by test too: every failing test must name a rule the defect breaks (one defect, its
+rules only). A correct variant (`reference/kit/fakes/broken: CORRECT`: what SPEC leaves free) must
+fail nothing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Real diffusers pipelines (Wan, Flux, SD3, PixArt-Sigma, Sana, LTX-Video, HunyuanDiT), tiny,
-written end to end by each pipeline class's own `save_pretrained` (fakes/diffusers_pipelines.py).
+written end to end by each pipeline class's own `save_pretrained`
+(reference/kit/fakes/diffusers_pipelines.py).
 
 Contract tests load the `transformer` component through the loader under test and judge the
 outcome any loader leaves: where each parameter's bytes live (a mapping of the checkpoint file at

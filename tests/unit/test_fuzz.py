@@ -5,7 +5,7 @@ say (bit-exactly the original state when the mutation is harmless) or raises `Ch
 naming a file of the checkpoint; never another exception. The properties reach the loader through
 the adapter (`inspect_checkpoint`, `read_checkpoint_tensor`); tests of the reference's own
 tensor reader across file changes are internal. The unit tier runs a small derandomized sample;
-HYPOTHESIS_PROFILE=fuzz runs many more (see fakes/fuzz.py).
+HYPOTHESIS_PROFILE=fuzz runs many more (see reference/kit/fakes/fuzz.py).
 
 What the reader cannot defend: a CPU tensor it returned is a view of a memory map, so a file
 truncated *while* such a view is alive (or between the size check and the copy of a device read)

@@ -1,4 +1,5 @@
-"""CKPT-4 on hostile inputs: every entry of fakes/hostile.py, on every loading path and the CLI.
+"""CKPT-4 on hostile inputs: every entry of reference/kit/fakes/hostile.py, on every loading path
+and the CLI.
 
 Each attempt runs in a child process (`isolated_with`, reference.kit.isolated) with a deadline
 and a data limit, and reports how far its resident memory rose during the call. Every attempt

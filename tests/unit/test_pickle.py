@@ -1,9 +1,10 @@
 """CKPT-1: pickle checkpoints are refused without being unpickled, on every path.
 
-Each pickle (fakes/pickles.py) holds traps: unpickling one creates a marker file. Every path
-(fakes/load_paths.py, and the adapter's own checkpoint inspection) is handed each pickle; the load
-must be refused naming the file, or, for a pickle lying beside valid safetensors, succeed from the
-safetensors alone. Either way the marker must not exist afterwards: nothing from a checkpoint ran.
+Each pickle (reference/kit/fakes/pickles.py) holds traps: unpickling one creates a marker file.
+Every path (reference/kit/fakes/load_paths.py, and the adapter's own checkpoint inspection) is
+handed each pickle; the load must be refused naming the file, or, for a pickle lying beside valid
+safetensors, succeed from the safetensors alone. Either way the marker must not exist afterwards:
+nothing from a checkpoint ran.
 """
 
 from __future__ import annotations

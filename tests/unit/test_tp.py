@@ -2,10 +2,10 @@
 
 The sharding is done by the layers' own weight loaders on the copy path (ZC-10); zero-copy must
 refuse every sharded layer (ZC-5), while what every rank holds whole (replicated linears, plain
-torch parameters: ZC-2b) is still adopted. Adoption is judged from the outcome: an adopted
-parameter maps its own bytes of the checkpoint file (`fakes/file_maps.py`); a copy lies in memory no
-checkpoint file backs. One test loads both ranks in this process; the other starts two real
-processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank when
+torch parameters: ZC-2b) is still adopted. Adoption is judged from the outcome: an adopted parameter
+maps its own bytes of the checkpoint file (`reference/kit/fakes/file_maps.py`); a copy lies in
+memory no checkpoint file backs. One test loads both ranks in this process; the other starts two
+real processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank when
 the runtime device is CUDA and two GPUs are visible.
 """
 

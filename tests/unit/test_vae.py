@@ -1,9 +1,10 @@
 """VAE: meta construction and per-tensor streaming, judged by what a loader does.
 
-Refusals are judged by contract (`fakes/judge.py: refusal`: a ValueError, or the type a rule names,
-whose message names the offending entry), "nothing read before the refusal" and "no full state
-dict" by what the process shows (`fakes/evidence.py: DataReads`) on checkpoints of many MiB. The
-reference's own wording, error classes and reasons are pinned only in `reference_only` tests.
+Refusals are judged by contract (`reference/kit/fakes/judge.py: refusal`: a ValueError, or the type
+a rule names, whose message names the offending entry), "nothing read before the refusal" and "no
+full state dict" by what the process shows (`reference/kit/fakes/evidence.py: DataReads`) on
+checkpoints of many MiB. The reference's own wording, error classes and reasons are pinned only in
+`reference_only` tests.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
                  a pipeline component through its component loader (load_pipeline_component);
                  the transformer is CPU-offloaded (adoption), the VAE loads the ordinary way
 
-Each path loads the corpus models (fakes/corpus_models.py) unless a `build` is given.
+Each path loads the corpus models (reference/kit/fakes/corpus_models.py) unless a `build` is given.
 """
 
 from __future__ import annotations

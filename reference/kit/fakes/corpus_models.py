@@ -1,6 +1,6 @@
 """Models that fit the bad-checkpoint corpus, and pipelines whose weights are a corpus entry.
 
-Every corpus entry (fakes/corrupt.py) is broken from one valid base, `small_state()`:
+Every corpus entry (reference/kit/fakes/corrupt.py) is broken from one valid base, `small_state()`:
 `proj.weight` (8, 4) F32, `proj.bias` (8,) F32, `norm.weight` (4,) BF16. The models here have
 exactly those slots, so the base loads on every path and a corpus entry can only fail for being
 corrupt, never for belonging to another model.

@@ -1,9 +1,9 @@
 """Hostile inputs: files a loader must refuse without hanging, exploding or printing raw bytes.
 
-A sibling of `fakes/corrupt.py`. Those entries are malformed safetensors; these are what a shared
-folder, a hostile upload or another filesystem can put where a loader looks: special files where
-weights or JSON should be, links that loop or dangle, paths that are not UTF-8, headers and JSON
-that are legal but explode when parsed, names carrying control characters, and config.json
+A sibling of `reference/kit/fakes/corrupt.py`. Those entries are malformed safetensors; these are
+what a shared folder, a hostile upload or another filesystem can put where a loader looks: special
+files where weights or JSON should be, links that loop or dangle, paths that are not UTF-8, headers
+and JSON that are legal but explode when parsed, names carrying control characters, and config.json
 values that make a model's constructor ask for terabytes.
 
 `WEIGHT_CASES` write into a checkpoint folder (a corpus checkpoint's, or a corpus pipeline's
