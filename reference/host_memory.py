@@ -108,6 +108,8 @@ def sizing_keys(config: Mapping[str, object], shape: tuple[int, ...]) -> list[st
     """The config entries (`key=value`) whose integer value sizes the largest dimension of
     `shape` (the one that makes it large, not the head dimension every small table shares)."""
     widest = max(shape, default=0)
+    if widest <= 1:
+        return []
     found = []
     for key, value in config.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 1:

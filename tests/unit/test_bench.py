@@ -158,10 +158,10 @@ def _in_unit(name: str, cache: str, mode: str) -> bool:
     return (cache, mode) == ("warm", "time") or name == "dit_copy"
 
 
-CPU_RUNS = [
+CPU_RUNS = [(name, cache) for name in CPU_PATHS for cache in bench_paths.PATHS[name].caches]
+CPU_CASES = [
     pytest.param(name, cache, mode, marks=() if _in_unit(name, cache, mode) else pytest.mark.long)
-    for name in CPU_PATHS
-    for cache in bench_paths.PATHS[name].caches
+    for name, cache in CPU_RUNS
     for mode in bench_paths.MODES
 ]
 """Every CPU path in every cache state and mode: each loading path warm and timed in the unit
@@ -169,7 +169,7 @@ tier (the copy path in all four states and modes, the read limits at two threads
 `tox -e selftest`."""
 
 
-@pytest.mark.parametrize(("path", "cache", "mode"), CPU_RUNS)
+@pytest.mark.parametrize(("path", "cache", "mode"), CPU_CASES)
 def test_each_cpu_path_reports_its_figures(
     folder: tuple[Path, dict[str, Any]], path: str, cache: str, mode: str
 ) -> None:
@@ -447,7 +447,6 @@ def test_runs_are_spawned_once_cuda_is_initialised(tmp_path: Path, mocker: Mocke
     assert (forked.call_count, spawned.call_count) == (1, 1)
 
 
-@pytest.mark.long  # the benchmark end to end, in fresh processes
 def test_a_spawned_run_gives_the_figures_of_a_run_in_process(
     folder: tuple[Path, dict[str, Any]],
 ) -> None:
@@ -470,7 +469,6 @@ def test_a_cuda_path_is_spawned_even_before_cuda_is_initialised(
     forked.assert_not_called()
 
 
-@pytest.mark.long  # the benchmark end to end, in fresh processes
 def test_a_spawned_run_that_fails_says_why(tmp_path: Path) -> None:
     result = bench_runner.spawned(bench_paths.Job("dit_zero_copy", tmp_path / "missing"))
     assert result["path"] == "dit_zero_copy"
@@ -674,7 +672,6 @@ def test_pressure_counters_are_read_off_vmstat_and_printed_as_deltas(tmp_path: P
     assert format_pressure({}) == ""
 
 
-@pytest.mark.long  # the benchmark end to end, in fresh processes
 def test_bench_command_with_cache_warm_runs_only_warm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

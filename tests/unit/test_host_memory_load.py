@@ -98,3 +98,79 @@ def test_the_construction_guard_refuses_a_factory_call_beyond_its_budget_before_
         assert torch.empty(1 << 40, device="meta").is_meta  # meta allocates nothing
         with pytest.raises(HostMemoryError, match=r"^transformer: constructing the model"):
             factory(1 << 18)  # 2**36 elements: 256 GiB or more, refused before allocating
+
+
+def test_a_table_derived_from_small_tensors_is_refused_before_it_is_computed() -> None:
+    """`torch.outer` of two small tensors asks no factory for its result: the guard learns its
+    size on meta copies of its inputs and refuses it before it runs, naming the config key."""
+    from reference.host_memory import allocation_guard
+
+    positions = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB, made outside the guard
+    freqs = torch.ones(1 << 12)
+    config = {"rope_max_seq_len": 1 << 20, "heads": 4, "flag": True}
+    with allocation_guard("transformer", budget=GIB, config=config):
+        small = torch.outer(positions[:8], freqs[:8])  # 256 B: runs
+        assert small.shape == (8, 8)
+        with pytest.raises(HostMemoryError, match=r"\[1048576, 4096\].*rope_max_seq_len=1048576"):
+            torch.outer(positions, freqs)  # 16 GiB: refused before it is computed
+
+
+def test_views_and_in_place_ops_cost_nothing_and_ops_meta_cannot_run_are_let_through() -> None:
+    from reference.host_memory import allocation_guard
+
+    base = torch.zeros(1 << 20)
+    with allocation_guard("vae", budget=1 << 20):  # 1 MiB: less than `base` itself
+        assert base.expand(1 << 20, 1 << 20).shape[0] == 1 << 20  # a view: no allocation
+        base.mul_(2)  # in place
+        assert base.view(-1, 2).shape == (1 << 19, 2)
+        assert torch.nonzero(base[:4]).numel() == 0  # data-dependent: runs as it is
+
+
+def test_the_budget_is_what_the_checkpoint_explains_and_never_more_than_the_host() -> None:
+    from reference.host_memory import TABLE_FLOOR, construction_budget
+
+    assert construction_budget(checkpoint_bytes=None, ordinary=True, available=5) == 5
+    assert construction_budget(checkpoint_bytes=10, ordinary=False, available=GIB * 64) == (
+        TABLE_FLOOR
+    )
+    big = 8 * GIB
+    assert construction_budget(checkpoint_bytes=big, ordinary=False, available=GIB * 64) == big
+    assert construction_budget(checkpoint_bytes=big, ordinary=True, available=GIB * 64) == (5 * big)
+    assert construction_budget(checkpoint_bytes=big, ordinary=True, available=GIB) == GIB
+
+
+def test_the_keys_named_are_those_that_size_the_widest_dimension() -> None:
+    from reference.host_memory import sizing_keys
+
+    config = {"base_dim": 96, "z_dim": 16, "heads": 4, "name": "x", "norm": True, "scale": 1.5}
+    assert sizing_keys(config, (384, 384, 3, 3, 3)) == ["base_dim=96"]  # 4 x base_dim
+    assert sizing_keys(config, (16, 4)) == ["z_dim=16", "heads=4"]
+    assert sizing_keys(config, ()) == []
+
+
+def test_available_memory_is_the_lower_of_meminfo_and_the_cgroup_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Platform facts from files: MemAvailable in kB, and cgroup v2's limit minus its use."""
+    from reference import host_memory
+
+    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
+    cgroup.mkdir()
+    meminfo.write_text("MemTotal: 8000 kB\nMemAvailable: 4000 kB\n")
+    (cgroup / "memory.max").write_text("3000000\n")
+    (cgroup / "memory.current").write_text("1000000\n")
+    monkeypatch.setattr(host_memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(host_memory, "CGROUP", cgroup)
+    assert host_memory.available_host_bytes() == 2_000_000  # the cgroup's room, under 4000 kB
+    (cgroup / "memory.max").write_text("max\n")
+    assert host_memory.available_host_bytes() == 4_096_000
+    meminfo.write_text("MemAvailable: lots\n")
+    assert host_memory.available_host_bytes() is None  # neither is known: no check
+
+
+def test_a_guard_without_a_known_budget_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reference import host_memory
+
+    monkeypatch.setattr(host_memory, "available_host_bytes", lambda: None)
+    with host_memory.allocation_guard("vae"):
+        assert torch.empty(1 << 10).numel() == 1 << 10
