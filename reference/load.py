@@ -52,9 +52,10 @@ def iter_load(
 ) -> Iterator[LoadedComponent]:
     """`load_pipeline`, one component at a time.
 
-    Admission runs now, before this returns, for every component: the pipeline and arguments
-    gates, then each loader's `admit_model` (its class resolves, importing the model library if
-    it is one, and takes the quantization in force). The returned iterator only loads.
+    Admission runs now, before this returns, for every component, once: the pipeline and
+    arguments gates, then each loader's own `admit` (its direct-loading gate, and its class
+    resolves, importing the model library if it is one, and takes the quantization in force).
+    The returned iterator only loads.
 
     Raises:
         ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError: refused requests.
@@ -64,9 +65,11 @@ def iter_load(
     admit(pipeline, args, platform=platform)
     names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
     loaders = [(name, loader_for(name, registry=registry, platform=platform)) for name in names]
-    for name, loader in loaders:
-        loader.admit_model(pipeline.component(name), args)
-    return (loader.load(pipeline.component(name), args) for name, loader in loaders)
+    direct = {name: loader.admit(pipeline.component(name), args) for name, loader in loaders}
+    return (
+        loader.load_admitted(pipeline.component(name), args, direct=direct[name])
+        for name, loader in loaders
+    )
 
 
 def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:

@@ -153,18 +153,26 @@ class ComponentLoader(ABC):
         )
 
     def load(self, component: ComponentSpec, args: ServerArgs) -> LoadedComponent:
-        """Load one component: admit, decide, then load (see the module docstring).
-
-        `args` are settled on this loader's platform first (`ServerArgs.on_platform`): without a
-        runtime device the load runs on cuda:0 when the platform reports CUDA, else on the CPU.
+        """Load one component on its own: settle `args` on this loader's platform
+        (`ServerArgs.on_platform`: without a runtime device the load runs on cuda:0 when the
+        platform reports CUDA, else on the CPU), `admit` it, then `load_admitted`.
 
         Raises:
-            ComponentCheckpointUnsupportedError: a request this loader cannot honour; raised
-                before anything else happens and never caught by a fallback (ADM-3, ADM-5).
-            LoadError: from the subclass's loading, naming what is at fault.
-            ComponentLoadError: anything else that failed inside the load, naming the component.
+            As `admit` and `load_admitted`.
         """
         args = args.on_platform(self.platform)
+        return self.load_admitted(component, args, direct=self.admit(component, args))
+
+    def admit(self, component: ComponentSpec, args: ServerArgs) -> bool:
+        """This loader's gates for `component` under settled `args`, before anything is built
+        or read: its own direct-loading gate (ADM-3, ADM-5, DG-3b), then `admit_model`.
+        Returns whether the component loads directly.
+
+        Raises:
+            ComponentCheckpointUnsupportedError: a request this loader cannot honour; never
+                caught by a fallback.
+            CheckpointError: the model class cannot be resolved or cannot take the request.
+        """
         direct = check_loader(
             self.direct_support,
             component.name,
@@ -173,6 +181,19 @@ class ComponentLoader(ABC):
             checkpoint_quantization=component.quantization,
         )
         self.admit_model(component, args)
+        return direct
+
+    def load_admitted(
+        self, component: ComponentSpec, args: ServerArgs, *, direct: bool
+    ) -> LoadedComponent:
+        """Load one component that `admit` passed (by `load`, or by `reference.load.iter_load`
+        for every component before the first load): the decisions, then the load (see the
+        module docstring).
+
+        Raises:
+            LoadError: from the subclass's loading, naming what is at fault.
+            ComponentLoadError: anything else that failed inside the load, naming the component.
+        """
         fsdp = self.fsdp_enabled(component, args)
         quantization = self.quantization_for(component, args)
         request = LoadRequest(
