@@ -175,6 +175,37 @@ def test_without_a_chosen_loader_contract_tests_are_a_usage_error(
     assert not (kit.path / "r.json").exists()
 
 
+SLOW_SUITE = """
+import pytest
+
+@pytest.mark.internal
+def test_quick():
+    pass
+
+@pytest.mark.internal
+@pytest.mark.selftest
+def test_at_length():
+    pass
+
+@pytest.mark.internal
+@pytest.mark.long
+def test_end_to_end():
+    pass
+"""
+
+
+def test_a_plain_run_leaves_the_selftest_and_long_tests_out_unless_asked(
+    kit: pytest.Pytester,
+) -> None:
+    kit.makepyfile(test_slow=SLOW_SUITE)
+    loader = "--loader=tinyloaders:PlansOnly"
+    run(kit, "test_slow.py", loader).assert_outcomes(passed=1, deselected=2)
+    run(kit, "test_slow.py", loader, "-m", "selftest or long").assert_outcomes(
+        passed=2, deselected=1
+    )
+    run(kit, "test_slow.py::test_end_to_end", loader).assert_outcomes(passed=1)
+
+
 def test_option_beats_environment(kit: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, "tinyloaders:INSTANCE")
     run(kit).stdout.fnmatch_lines([f"loader under test: plans-only, chosen by {ENV_VAR}=*"])
