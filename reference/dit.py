@@ -36,9 +36,8 @@ from reference.checkpoint import (
 from reference.errors import StateMismatchError, listed, shown
 from reference.host_memory import (
     COPY_FIX,
-    allocation_guard,
     available_host_bytes,
-    construction_budget,
+    construction_guard,
     refuse_beyond_host,
 )
 from reference.modules import (
@@ -117,9 +116,7 @@ def build_dit(
         HostMemoryError: the construction would take more host memory than it may.
     """
     total = None if checkpoint is None else checkpoint.total_bytes
-    with allocation_guard(
-        component, budget=construction_budget(checkpoint_bytes=total, ordinary=False)
-    ):
+    with construction_guard(component, checkpoint_bytes=total, ordinary=False):
         module = build_on_meta(build, component=component)
     refuse_unrebuildable_buffers(module, component=component)
     if dtype is not None:

@@ -39,6 +39,7 @@ __all__ = [
     "allocation_guard",
     "available_host_bytes",
     "construction_budget",
+    "construction_guard",
     "default_device",
     "refuse_beyond_host",
     "release",
@@ -102,6 +103,20 @@ def construction_budget(
     if ordinary:
         explained += WIDEST_RATIO * checkpoint_bytes
     return explained if available is None else min(available, explained)
+
+
+@contextmanager
+def construction_guard(
+    component: str,
+    *,
+    checkpoint_bytes: int | None,
+    ordinary: bool,
+    config: Mapping[str, object] | None = None,
+) -> Iterator[None]:
+    """`allocation_guard` over one build, whose budget is `construction_budget`."""
+    budget = construction_budget(checkpoint_bytes=checkpoint_bytes, ordinary=ordinary)
+    with allocation_guard(component, budget=budget, config=config):
+        yield
 
 
 def sizing_keys(config: Mapping[str, object], shape: tuple[int, ...]) -> list[str]:
@@ -261,15 +276,11 @@ def _derived_request(
         out = func(*pytree.tree_map(to_meta, args), **pytree.tree_map(to_meta, dict(kwargs)))
     except Exception:  # data-dependent or CPU-only ops: run as they are
         return 0, ()
-    total = 0
-    widest: tuple[int, ...] = ()
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor) and leaf._base is None:
-            nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
-            total += nbytes
-            if nbytes >= math.prod(widest) * leaf.dtype.itemsize:
-                widest = tuple(leaf.shape)
-    return total, widest
+    fresh = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t._base is None]
+    if not fresh:
+        return 0, ()
+    largest = max(fresh, key=slot_bytes)
+    return sum(map(slot_bytes, fresh)), tuple(largest.shape)
 
 
 class _Guard(TorchFunctionMode):

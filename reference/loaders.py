@@ -44,7 +44,7 @@ from reference.errors import (
     listed,
     shown,
 )
-from reference.host_memory import allocation_guard, construction_budget
+from reference.host_memory import allocation_guard, construction_guard
 from reference.pipeline import (
     CONFIG,
     ComponentSpec,
@@ -354,8 +354,9 @@ def load_ordinarily(
     checkpoint = open_checkpoint(spec.folder)
     # The build may take no more host memory than its checkpoint explains: weights within
     # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
-    budget = construction_budget(checkpoint_bytes=checkpoint.total_bytes, ordinary=True)
-    with allocation_guard(spec.name, budget=budget, config=spec.init_kwargs):
+    with construction_guard(
+        spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=True, config=spec.init_kwargs
+    ):
         module = build_module(registry, spec) if build is None else build()
     cast_slots(module, request.dtype)  # PREC-1, PREC-2: the real slots, converted before loading
     records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device, checkpoint)

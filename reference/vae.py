@@ -41,9 +41,8 @@ from reference.checkpoint import (
 )
 from reference.errors import ComponentCheckpointUnsupportedError
 from reference.host_memory import (
-    allocation_guard,
     available_host_bytes,
-    construction_budget,
+    construction_guard,
     refuse_beyond_host,
     slot_bytes,
 )
@@ -241,8 +240,9 @@ def load_vae(
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
     # The construction may take no more host memory than its checkpoint explains (tables).
-    budget = construction_budget(checkpoint_bytes=checkpoint.total_bytes, ordinary=False)
-    with allocation_guard(component, budget=budget, config=config):
+    with construction_guard(
+        component, checkpoint_bytes=checkpoint.total_bytes, ordinary=False, config=config
+    ):
         module = steps.build(build, component=component)
     if dtype is not None:
         cast_slots(module, dtype)

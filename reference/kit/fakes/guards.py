@@ -27,7 +27,6 @@ __all__ = [
     "BLOCKING",
     "Seal",
     "failure_of",
-    "file_hash",
     "fingerprint",
     "make_blocking_file",
     "sealing",
@@ -53,15 +52,6 @@ def make_blocking_file(kind: str, path: Path) -> Path:
 
 
 CHUNK_BYTES = 1024**2
-
-
-def file_hash(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
