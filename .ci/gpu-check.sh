@@ -13,7 +13,7 @@ missing = [m for m in ("torch", "safetensors", "numpy", "pytest", "pytest_mock")
 if missing:
     sys.exit(f"gpu-check: missing Python packages: {', '.join(missing)} (numpy: safetensors"
              " needs it to write the test checkpoints); install them and rerun")
-from reference.platform import describe
+from reference.request.platform import describe
 print("gpu-check:", describe())
 PY
 report="${TMPDIR:-/tmp}/conformance-cuda.json"

@@ -33,7 +33,7 @@ export CUDA_VISIBLE_DEVICES=
 code=0
 # The installed kit judged, not at length: the hostile corpus and the blocking files, whose
 # attempts against this baseline each wait out a deadline, are left to tox -e matrix.
-"$work/venv/bin/python" -m reference conform --loader=reference.kit.baseline:PlainAssign \
+"$work/venv/bin/python" -m reference conform --loader=reference.kit.adapters.baselines:PlainAssign \
     --conformance-report=r.json -n auto -q --no-header -k "not hostile and not blocking" \
     >conform.log 2>&1 || code=$?
 tail -n 3 conform.log

@@ -7,9 +7,6 @@ tensors landed. Every refusal is a `LoadError`. The conformance kit that judges 
 in `reference.kit`; this package never imports it.
 """
 
-from reference.adopt import LinearKinds
-from reference.args import ServerArgs, parse_args
-from reference.dit import load_dit
 from reference.errors import (
     ArgumentError,
     CheckpointError,
@@ -23,11 +20,15 @@ from reference.errors import (
     StateDictABIError,
     StateMismatchError,
 )
-from reference.load import load_pipeline
-from reference.plan import WeightLoadPlan
-from reference.quantization import QuantizationSpec
-from reference.report import LoadReport, TensorRecord
-from reference.vae import load_vae
+from reference.load.dit import load_dit
+from reference.load.pipeline import load_pipeline
+from reference.load.vae import load_vae
+from reference.place.adopt import LinearKinds
+from reference.place.records import TensorRecord
+from reference.report.summary import LoadReport
+from reference.request.args import ServerArgs, parse_args
+from reference.request.plan import WeightLoadPlan
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "ArgumentError",

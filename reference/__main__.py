@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from reference.cli import load_command
-from reference.demo import demo
 from reference.kit.matrix import report_command
+from reference.programs.cli import load_command
+from reference.programs.demo import demo
 from reference.rules import RULES
 
 __all__ = ["main", "rules"]
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return conform_command(rest)
     if args.command == "bench":
-        from reference.bench.command import bench_command
+        from reference.programs.bench.command import bench_command
 
         return bench_command(rest)
     if args.command == "report":

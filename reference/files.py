@@ -18,9 +18,13 @@ are not UTF-8 and control characters escaped, so a message is one printable line
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from reference.errors import CheckpointError
@@ -32,6 +36,8 @@ __all__ = [
     "MAX_JSON_VALUES",
     "MAX_NUMBER_DIGITS",
     "check_json_budget",
+    "load_json",
+    "no_cyclic_gc",
     "open_regular",
     "read_bounded",
     "regular_file_size",
@@ -196,3 +202,60 @@ def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
         raise _error(
             path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels", _too_deep_entry(raw)
         )
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result = dict(pairs)
+    if len(result) != len(pairs):  # rare: find the repeated key only then
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return result
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector paused while a parse builds millions of objects that form no cycle
+    (a header of a million entries): otherwise each collection walks every object built so far,
+    and the collections took most of the parse's time. Restored as it was on exit."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def load_json(path: Path, raw: bytes, what: str) -> object:
+    """Strict JSON: UTF-8 only, and a key twice in one object is an error, not "last one wins".
+
+    Args:
+        path: the file the bytes come from, named by the error.
+        raw: the JSON text.
+        what: what the text is ("header", "index"), for the message.
+
+    Raises:
+        CheckpointError: for bad UTF-8, bad JSON (also too deep, or a number too long) or a
+            duplicate key, naming the key.
+    """
+    check_json_budget(path, raw, what=what)
+    try:
+        with no_cyclic_gc():
+            return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as dup:
+        raise _error(
+            path, f"{what} names {dup.key!r} twice; names must be unique", entry=dup.key
+        ) from None
+    # ValueError covers bad UTF-8, bad JSON and integers too long to convert; RecursionError covers
+    # nesting too deep for the parser.
+    except (ValueError, RecursionError) as exc:
+        raise _error(path, f"{what} is not valid JSON ({exc})") from None

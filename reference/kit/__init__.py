@@ -1,9 +1,11 @@
 """The conformance kit: what judges a loader, as opposed to the loader itself.
 
-adapter (the one seam: LoaderAdapter) -> selection (--loader) -> plugin (pytest: rules, the
-`loader` fixture, expectations, the report) -> conformance (per-rule outcomes) -> matrix (several
-reports side by side). reference_adapter, diffusers_adapter and baseline are loaders put behind
-the seam; expectations reads a loader's declared known failures.
+seam (the one seam: LoaderAdapter, and the request values it takes) -> selection (--loader) ->
+plugin (pytest: rules, the `loader` fixture, expectations, the report) -> conformance (per-rule
+outcomes) -> matrix (several reports side by side). `adapters/` holds the loaders put behind the
+seam (the reference, diffusers, sglang, the plain-PyTorch baselines); `fakes/` the models,
+checkpoints and broken loaders the suite judges with; expectations reads a loader's declared
+known failures.
 """
 
 __all__: list[str] = []

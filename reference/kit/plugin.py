@@ -28,7 +28,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from reference import platform
+from reference.kit.adapters.reference import ReferenceAdapter
 from reference.kit.conformance import (
     Outcome,
     TestOutcome,
@@ -44,7 +44,6 @@ from reference.kit.expectations import (
 )
 from reference.kit.failures import SeamView, SeamViolation, one_line, printable
 from reference.kit.isolated import Attempt, attempt, attempt_with
-from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import METHODS, LoaderAdapter, Plan, PlanLike, SeamLoader
 from reference.kit.selection import (
     ENV_VAR,
@@ -54,6 +53,7 @@ from reference.kit.selection import (
     SelectionError,
     select_adapter,
 )
+from reference.request import platform
 from reference.rules import BY_ID
 
 __all__ = [

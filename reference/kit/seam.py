@@ -28,12 +28,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from reference.adopt import LinearKinds, Verdict
-from reference.args import ServerArgsLike
-from reference.platform import Platform
-from reference.postload import OffloadOptions
-from reference.quantization import QuantizationSpec
-from reference.report import LoadReport, TensorRecord
+from reference.place.adopt import LinearKinds, Verdict
+from reference.place.postload import OffloadOptions
+from reference.place.records import TensorRecord
+from reference.report.summary import LoadReport
+from reference.request.args import ServerArgsLike
+from reference.request.platform import Platform
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "ADMISSION",

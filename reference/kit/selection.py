@@ -39,7 +39,7 @@ ENTRY_POINT_GROUP = "diffusion_loader_conformance.adapters"
 ENV_VAR = "LOADER_UNDER_TEST"
 OPTION = "--loader"
 REFERENCE = "reference"
-REFERENCE_SPEC = "reference.kit.reference_adapter:ReferenceAdapter"
+REFERENCE_SPEC = "reference.kit.adapters.reference:ReferenceAdapter"
 """`--loader=reference` names the reference's adapter, also where no entry point is installed
 (a clone run without pip install, the GPU tier's bare environment)."""
 

@@ -16,7 +16,6 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
-from reference.checkpoint import TensorReader
 from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import (
     LINEAR_KINDS,
@@ -26,6 +25,7 @@ from reference.kit.fakes.layers import (
     RowParallelLinear,
 )
 from reference.kit.seam import DIRECT_DIT, DitRequest, Plan, PlanLike, SeamLoader
+from reference.read.checkpoint import TensorReader
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 

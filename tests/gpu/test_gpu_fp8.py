@@ -19,7 +19,7 @@ from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
 from reference.kit.seam import FP8_DEFER, DitRequest, Plan, PlanLike, SeamLoader
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER)
 

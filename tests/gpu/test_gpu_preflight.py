@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.checkpoint import DTYPES
 from reference.errors import DeviceMemoryError
 from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
 from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader, ServingOptions
-from reference.platform import SYSTEM
+from reference.read.checkpoint import DTYPES
+from reference.request.platform import SYSTEM
 
 pytestmark = pytest.mark.capability(DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES)
 

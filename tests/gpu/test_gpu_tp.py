@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference.platform import SYSTEM, describe
+from reference.request.platform import SYSTEM, describe
 
 WORLD = 2
 

@@ -1,8 +1,8 @@
 """VAE-1 and VAE-13 on a real device: streaming onto CUDA keeps host memory bounded, and the
 streamed VAE equals an ordinary load.
 
-Host memory is the process's anonymous resident memory (reference.memory): a full CPU state dict,
-or any copy of the checkpoint in process memory, would show there. Views of the file's mapping
+Host memory is the process's anonymous resident memory (reference.report.memory): a full CPU state
+dict, or any copy of the checkpoint in process memory, would show there. Views of the file's mapping
 are file-backed and do not. The VAE weighs about 110 MiB; its largest tensor 27 MiB.
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 from reference.kit.fakes.vae import StandardVAE, VAEConfig
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
 from reference.kit.seam import VAE_STREAM, SeamLoader, VaeRequest
-from reference.memory import PeakSampler
+from reference.report.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
 

@@ -20,7 +20,7 @@ from unittest.mock import patch
 import reference
 from reference.__main__ import main
 from reference.kit.fakes.corpus_models import while_building
-from reference.platform import SystemPlatform
+from reference.request.platform import SystemPlatform
 
 ROOT = Path(reference.__file__).resolve().parents[1]  # the folder holding the reference package
 

@@ -20,7 +20,6 @@ import torch
 from pytest_mock import MockerFixture
 from safetensors.torch import load_file
 
-from reference.args import ServerArgsLike
 from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
@@ -45,8 +44,9 @@ from reference.kit.seam import (
     SeamLoader,
     ServingOptions,
 )
-from reference.pipeline import ModelRegistry
-from reference.quantization import QuantizationSpec
+from reference.request.args import ServerArgsLike
+from reference.request.model_index import ModelRegistry
+from reference.request.quantization import QuantizationSpec
 
 ACCEL = torch.device("cuda", 0)
 CUDA = FakePlatform(cuda=True)
@@ -127,9 +127,9 @@ def test_undeclared_selections_are_all_listed(
 @pytest.mark.rule("ADM-1")
 @pytest.mark.reference_only("checks the reference's wording and the order of its gates")
 def test_undeclared_selection_wording(pipeline_dir: Path) -> None:
-    from reference.admission import admit
-    from reference.args import ServerArgs
-    from reference.pipeline import read_pipeline
+    from reference.request.admission import admit
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     args = ServerArgs(
         runtime_device=ACCEL,
@@ -246,10 +246,10 @@ def test_selected_component_needs_cuda_and_residency(
 def test_selected_component_refusal_wording(
     pipeline_dir: Path, options: dict[str, Any], platform: FakePlatform, words: str
 ) -> None:
-    from reference.admission import admit
-    from reference.args import ServerArgs
     from reference.errors import ArgumentError
-    from reference.pipeline import read_pipeline
+    from reference.request.admission import admit
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     args = ServerArgs(
         **{
@@ -437,9 +437,9 @@ def test_unsupported_request_is_refused_whatever_the_weights(
 @pytest.mark.rule("ADM-3")
 @pytest.mark.reference_only("checks the reference's wording")
 def test_unsupported_request_wording(tmp_path: Path) -> None:
-    from reference.args import ServerArgs
-    from reference.loaders import VocoderLoader
-    from reference.pipeline import read_pipeline
+    from reference.load.loaders import VocoderLoader
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     root = write_pipeline(tmp_path, {"vocoder": FULL_PIPELINE["vocoder"]})
     args = ServerArgs(runtime_device=ACCEL, component_direct_gpu_weight_loading={"vocoder": True})
@@ -483,9 +483,9 @@ def test_without_the_flag_the_same_loader_loads(
 @pytest.mark.rule("ADM-3")
 @pytest.mark.reference_only("spies on the reference's own loader hooks")
 def test_gate_runs_before_hooks_and_file_access(pipeline_dir: Path, mocker: MockerFixture) -> None:
-    from reference import loaders
-    from reference.args import ServerArgs
-    from reference.pipeline import read_pipeline
+    from reference.load import loaders
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     spec = read_pipeline(pipeline_dir).component("vocoder")
     loader = loaders.VocoderLoader(registry=ModelRegistry.of(MODELS_BY_NAME), platform=CUDA)
@@ -525,9 +525,9 @@ def test_loader_gate_answers_per_component(
     support: str, component: str, flag_options: dict[str, Any], answer: bool | None
 ) -> None:
     """None: refused; otherwise whether a direct load was asked for (and admitted)."""
-    from reference.admission import check_loader
-    from reference.args import ServerArgs
-    from reference.loaders import DIRECT_SUPPORT
+    from reference.load.loaders import DIRECT_SUPPORT
+    from reference.request.admission import check_loader
+    from reference.request.args import ServerArgs
 
     args = ServerArgs(runtime_device=ACCEL, **flag_options)
     if answer is None:
@@ -581,9 +581,9 @@ def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
 @pytest.mark.rule("ADM-4")
 @pytest.mark.reference_only("patches the reference's own rule table")
 def test_every_gate_reads_the_one_table(mocker: MockerFixture) -> None:
-    from reference import admission
-    from reference.args import ServerArgs
     from reference.errors import LoadError
+    from reference.request import admission
+    from reference.request.args import ServerArgs
 
     def refuse(request: admission.DirectRequest, facts: admission.Facts) -> str:
         return f"refused {request.component} by the one table"
@@ -607,9 +607,9 @@ def test_every_gate_reads_the_one_table(mocker: MockerFixture) -> None:
 @pytest.mark.rule("ADM-4", "DG-3b")
 @pytest.mark.reference_only("calls the reference's three gates directly")
 def test_quantized_direct_dit_is_one_rule_at_every_gate() -> None:
-    from reference import admission
-    from reference.args import ServerArgs
-    from reference.loaders import TRANSFORMER_DIRECT_SUPPORT
+    from reference.load.loaders import TRANSFORMER_DIRECT_SUPPORT
+    from reference.request import admission
+    from reference.request.args import ServerArgs
 
     by_flag = ServerArgs(runtime_device=ACCEL, direct_gpu_weight_loading=True, quantization=FP8)
     plain = ServerArgs(runtime_device=ACCEL, direct_gpu_weight_loading=True)
@@ -753,10 +753,10 @@ def test_the_loader_template_never_swallows_a_refusal(
     """The template has no fallback path: the no-fallback error comes out as raised, direct or
     not, and a failure that is not a refusal comes out wrapped naming the component, never
     traded for a module from somewhere else."""
-    from reference.args import ServerArgs
     from reference.errors import ComponentLoadError
-    from reference.loaders import VAE_DIRECT_SUPPORT, VocoderLoader
-    from reference.pipeline import read_pipeline
+    from reference.load.loaders import VAE_DIRECT_SUPPORT, VocoderLoader
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     class DirectVAE(VocoderLoader):
         direct_support = VAE_DIRECT_SUPPORT  # so a direct request for the VAE is admitted
@@ -849,8 +849,8 @@ def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
 @pytest.mark.rule("DG-6")
 @pytest.mark.reference_only("checks the reference's stated margin and wording")
 def test_preflight_states_its_margin(checkpoint: tuple[Path, int]) -> None:
-    from reference.checkpoint import open_checkpoint
-    from reference.preflight import MIN_MARGIN_BYTES, check_device_memory
+    from reference.read.checkpoint import open_checkpoint
+    from reference.read.preflight import MIN_MARGIN_BYTES, check_device_memory
 
     path, total = checkpoint
     ckpt = open_checkpoint(path)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.admission import (
+from reference.errors import ArgumentError, ComponentCheckpointUnsupportedError
+from reference.kit.fakes.platform import FakePlatform
+from reference.request.admission import (
     NO_DIRECT_SUPPORT,
     DirectRequest,
     DirectSupport,
@@ -19,10 +21,8 @@ from reference.admission import (
     check_pipeline,
     direct_requests,
 )
-from reference.args import ServerArgs
-from reference.errors import ArgumentError, ComponentCheckpointUnsupportedError
-from reference.kit.fakes.platform import FakePlatform
-from reference.quantization import QuantizationSpec
+from reference.request.args import ServerArgs
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("pins the reference's own admission wording")
 

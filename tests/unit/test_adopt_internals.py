@@ -1,4 +1,4 @@
-"""ZC-1..14: the reference's own adoption machinery (reference.adopt), piece by piece.
+"""ZC-1..14: the reference's own adoption machinery (reference.place.adopt), piece by piece.
 
 test_zc.py / test_zc_loads.py judge every loader by what its loads do; these tests call the
 reference's building blocks directly: its device match, its record of adopted byte ranges
@@ -15,17 +15,17 @@ import pytest
 import torch
 from torch import nn
 
-from reference.adopt import (
+from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
+from reference.place.adopt import (
     AdoptedBytes,
     LinearKinds,
     load_full_state,
     same_device,
     zero_copy_verdict,
 )
-from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
-from reference.modules import find_slots, submodules
+from reference.place.modules import find_slots, submodules
 
-pytestmark = pytest.mark.reference_only("calls reference.adopt's internals directly")
+pytestmark = pytest.mark.reference_only("calls reference.place.adopt's internals directly")
 
 CPU = torch.device("cpu")
 

@@ -119,8 +119,8 @@ def test_direct_flag_other_values_are_errors(loader: SeamLoader, argv: list[str]
 @pytest.mark.rule("DG-1")
 @pytest.mark.reference_only("checks the reference's wording")
 def test_direct_flag_error_wording() -> None:
-    from reference.args import parse_args
     from reference.errors import ArgumentError
+    from reference.request.args import parse_args
 
     with pytest.raises(ArgumentError, match=f"{DIT}.*true or false") as info:
         parse_args([f"{DIT}=maybe"])
@@ -240,8 +240,8 @@ def test_one_component_with_different_values_is_an_error(
     ],
 )
 def test_component_flag_error_wording(argv: list[str], words: str) -> None:
-    from reference.args import parse_args
     from reference.errors import ArgumentError
+    from reference.request.args import parse_args
 
     with pytest.raises(ArgumentError, match=words) as info:
         parse_args(argv)
@@ -397,8 +397,8 @@ def test_construction_normalises_names(loader: SeamLoader) -> None:
     ],
 )
 def test_construction_error_wording(selection: dict[str, object], words: str) -> None:
-    from reference.args import ServerArgs
     from reference.errors import ArgumentError
+    from reference.request.args import ServerArgs
 
     with pytest.raises(ArgumentError, match=words):
         ServerArgs(component_direct_gpu_weight_loading=selection)  # type: ignore[arg-type]
@@ -527,10 +527,10 @@ def test_direct_dit_refusals_name_the_flag(
 def test_direct_dit_refusal_wording(
     one_dit: Path, options: dict[str, object], platform: FakePlatform, words: str
 ) -> None:
-    from reference.admission import admit
-    from reference.args import ServerArgs
     from reference.errors import ArgumentError
-    from reference.pipeline import read_pipeline
+    from reference.request.admission import admit
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     args = ServerArgs(**{"runtime_device": ACCEL, "direct_gpu_weight_loading": True, **options})  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match=words) as info:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.args import ServerArgs, own_server_args, parse_args
 from reference.errors import ArgumentError
-from reference.quantization import QuantizationSpec
+from reference.request.args import ServerArgs, own_server_args, parse_args
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("reads fields of the reference's own ServerArgs")
 

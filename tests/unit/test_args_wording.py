@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from reference.args import ServerArgs, parse_args
 from reference.errors import ArgumentError
+from reference.request.args import ServerArgs, parse_args
 
 pytestmark = pytest.mark.reference_only("pins the reference's own ArgumentError wording")
 

@@ -19,7 +19,6 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
-from reference.checkpoint import TensorReader
 from reference.errors import CheckpointError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import (
@@ -51,7 +50,8 @@ from reference.kit.seam import (
     PlanLike,
     SeamLoader,
 )
-from reference.quantization import QuantizationSpec
+from reference.read.checkpoint import TensorReader
+from reference.request.quantization import QuantizationSpec
 
 PATHS = [
     pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p]))

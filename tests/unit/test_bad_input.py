@@ -21,7 +21,6 @@ import pytest
 import torch
 from torch import nn
 
-from reference.checkpoint import open_checkpoint
 from reference.errors import CheckpointError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import corpus_pipeline, mark, survivors
@@ -36,6 +35,7 @@ from reference.kit.fakes.load_paths import (
     load_component,
 )
 from reference.kit.seam import SeamLoader
+from reference.read.checkpoint import open_checkpoint
 
 ON_CHECKPOINTS = [
     pytest.param(p, marks=pytest.mark.capability(CAPABILITY[p])) for p in CHECKPOINT_PATHS

@@ -20,12 +20,16 @@ from pytest_mock import MockerFixture
 from torch import nn
 
 from reference.__main__ import main
-from reference.adopt import ADOPTION_DISABLED, load_full_state
-from reference.bench import cache as bench_cache
-from reference.bench import limits as bench_limits
-from reference.bench import paths as bench_paths
-from reference.bench import runner as bench_runner
-from reference.bench.command import (
+from reference.kit.fakes.bench import BenchDiT, BenchShapes
+from reference.kit.fakes.checkpoints import write_checkpoint
+from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.load.dit import load_dit
+from reference.place.adopt import ADOPTION_DISABLED, load_full_state
+from reference.programs.bench import cache as bench_cache
+from reference.programs.bench import limits as bench_limits
+from reference.programs.bench import paths as bench_paths
+from reference.programs.bench import runner as bench_runner
+from reference.programs.bench.command import (
     BEST_READ,
     best_read,
     measure_size,
@@ -35,15 +39,16 @@ from reference.bench.command import (
     unavailable,
     write_folder,
 )
-from reference.bench.ratios import RATIOS, compute_ratios
-from reference.bench.report import format_document, format_pressure, plot_available, write_plot
-from reference.checkpoint import TensorReader, open_checkpoint
-from reference.dit import load_dit
-from reference.kit.fakes.bench import BenchDiT, BenchShapes
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.plan import WeightLoadPlan
-from reference.reading import ReadOptions
+from reference.programs.bench.ratios import RATIOS, compute_ratios
+from reference.programs.bench.report import (
+    format_document,
+    format_pressure,
+    plot_available,
+    write_plot,
+)
+from reference.read.checkpoint import TensorReader, open_checkpoint
+from reference.read.reading import ReadOptions
+from reference.request.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal
 
@@ -729,7 +734,7 @@ def test_plot_is_written(tmp_path: Path) -> None:
 def test_beyond_ram_writes_shards_one_at_a_time_and_loads_them_zero_copy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from reference.bench import beyond_ram
+    from reference.programs.bench import beyond_ram
 
     assert beyond_ram.main([str(tmp_path), "--gib", "0.004", "--shard-gib", "0.001"]) == 0
     figures = json.loads(capsys.readouterr().out)

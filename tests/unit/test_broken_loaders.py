@@ -217,8 +217,10 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
 # copy-on-write, so it never writes the checkpoint (ZC-13), and load_state_dict(strict=True)
 # into a meta-built module fills exactly the state-dict keys (VAE-4, VAE-5).
 HONOURED = {
-    "reference.kit.baseline:PlainLoadStateDict": frozenset({"ZC-2c", "ZC-11", "VAE-10", "VAE-11"}),
-    "reference.kit.baseline:PlainAssign": frozenset(
+    "reference.kit.adapters.baselines:PlainLoadStateDict": frozenset(
+        {"ZC-2c", "ZC-11", "VAE-10", "VAE-11"}
+    ),
+    "reference.kit.adapters.baselines:PlainAssign": frozenset(
         {"ZC-13", "VAE-4", "VAE-5", "VAE-10", "VAE-11"}
     ),
 }

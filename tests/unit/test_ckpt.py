@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corrupt import CASES, write_bad_checkpoint
@@ -17,6 +16,7 @@ from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
 from reference.kit.fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader, VaeRequest
+from reference.read.checkpoint import TensorReader, open_checkpoint
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -284,7 +284,7 @@ def test_header_mismatch_fails_before_any_tensor_data_is_read(
 @pytest.mark.internal
 @pytest.mark.reference_only("the reference's own reader")
 def test_reading_progress_reports_each_tensor_once(tmp_path: Path) -> None:
-    from reference.checkpoint import reading_progress
+    from reference.read.checkpoint import reading_progress
 
     state = _state()
     reader = TensorReader(open_checkpoint(write_checkpoint(state, tmp_path, shards=2)))
@@ -299,7 +299,7 @@ def test_reading_progress_reports_each_tensor_once(tmp_path: Path) -> None:
 @pytest.mark.internal
 @pytest.mark.reference_only("the reference's own streaming reader")
 def test_streaming_reader_keeps_no_map_between_reads(tmp_path: Path) -> None:
-    from reference.checkpoint import StreamingReader
+    from reference.read.checkpoint import StreamingReader
 
     state = _state()
     reader = StreamingReader(open_checkpoint(write_checkpoint(state, tmp_path, shards=2)))

@@ -159,7 +159,7 @@ def test_an_internal_error_is_not_a_refusal(
 ) -> None:
     """A bug (not a `LoadError`) exits 3 with one line saying it is internal; `--debug` adds
     the traceback before that line. A refusal keeps exit 2 (above)."""
-    from reference.cli import load_command
+    from reference.programs.cli import load_command
 
     argv = [str(pipeline), "--models", "reference.kit.fakes.pipelines", "--dit-cpu-offload"]
     code = load_command([*argv, "--debug"] if debug else argv, platform=FailingPlatform())
@@ -196,8 +196,8 @@ def test_a_refusal_goes_where_the_caller_says(
     """The demo passes stdout, so a refusal stays under its heading however streams are piped."""
     import io
 
-    from reference.cli import load_command
     from reference.kit.fakes.platform import FakePlatform
+    from reference.programs.cli import load_command
 
     here = io.StringIO()
     argv = [
@@ -275,8 +275,8 @@ def test_demo_says_it_removed_its_folder_or_keeps_it(tmp_path: Path) -> None:
 def test_an_error_line_escapes_every_control_character() -> None:
     """NUL, escape sequences and lone surrogates from the input are written as escapes: the
     `error:` line stays one line of plain text, whatever the input held."""
-    from reference.cli import one_line
     from reference.errors import CheckpointError
+    from reference.programs.cli import one_line
 
     line = one_line(
         CheckpointError("/p/a\x00b.safetensors", "t\x1b", "shard 'c\x00\udcff' bad\x07")

@@ -53,7 +53,7 @@ def test_conform_judges_the_selected_loader_and_writes_its_report(
     code = main(
         [
             "conform",
-            "--loader=reference.kit.baseline:PlainAssign",
+            "--loader=reference.kit.adapters.baselines:PlainAssign",
             f"--conformance-report={report_path}",
             "-k",
             SELECTION,
@@ -132,7 +132,7 @@ def test_conform_writes_nothing_into_the_callers_folder_but_the_report(elsewhere
     code = main(
         [
             "conform",
-            "--loader=reference.kit.reference_adapter:ReferenceAdapter",
+            "--loader=reference.kit.adapters.reference:ReferenceAdapter",
             f"--conformance-report={elsewhere / 'r.json'}",
             "-k",
             "test_valid_checkpoints_read_back_bit_exactly",

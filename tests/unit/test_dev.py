@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reference.kit.seam import PLANS, SeamLoader
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(PLANS)
 

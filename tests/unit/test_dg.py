@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-from reference.checkpoint import open_checkpoint
 from reference.kit.fakes.dit import DiTConfig, TinyDiT, dit_state, write_dit_checkpoint
 from reference.kit.fakes.evidence import data_bytes, evidence_missing, safetensors_files
 from reference.kit.fakes.file_maps import file_position, maps_missing
@@ -31,7 +30,8 @@ from reference.kit.fakes.load_paths import direct_device as device_for_direct_mo
 from reference.kit.fakes.load_paths import direct_load_host_growth
 from reference.kit.isolated import Attempt
 from reference.kit.seam import DIRECT_DIT, PLANS, DitRequest, Plan, PlanLike, SeamLoader
-from reference.memory import PeakSampler
+from reference.read.checkpoint import open_checkpoint
+from reference.report.memory import PeakSampler
 
 pytestmark = pytest.mark.capability(DIRECT_DIT)
 

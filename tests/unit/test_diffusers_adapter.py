@@ -1,4 +1,4 @@
-"""The diffusers adapter (reference/kit/diffusers_adapter.py): it converts types only.
+"""The diffusers adapter (reference/kit/adapters/diffusers.py): it converts types only.
 
 Suite-internal: these tests check the adapter itself (its declared capabilities, that a real
 diffusers VAE loads through it exactly as diffusers' own `from_pretrained` loads it, that
@@ -25,7 +25,7 @@ from torch import nn
 from reference.errors import CheckpointError
 from reference.kit.fakes.diffusers_vaes import IMAGE_KL, write_diffusers_vae
 from reference.kit.seam import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM, VaeRequest
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.internal
 
@@ -37,7 +37,7 @@ NEEDS = "needs the diffusers extra, which brings accelerate (diffusers' meta-dev
 def adapter() -> Any:
     pytest.importorskip("diffusers", reason=NEEDS)
     pytest.importorskip("accelerate", reason=NEEDS)
-    from reference.kit.diffusers_adapter import DiffusersLoader
+    from reference.kit.adapters.diffusers import DiffusersLoader
 
     importlib.import_module("diffusers").utils.logging.set_verbosity_error()
     return DiffusersLoader()
@@ -50,7 +50,7 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 def test_reference_imports_it_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("diffusers", "accelerate"):
         monkeypatch.setitem(sys.modules, name, None)  # an import of it now fails
-    module = importlib.reload(importlib.import_module("reference.kit.diffusers_adapter"))
+    module = importlib.reload(importlib.import_module("reference.kit.adapters.diffusers"))
     assert module.DiffusersLoader.capabilities == frozenset({VAE_STREAM, CHECKPOINT_SAFETY})
     assert module.DiffusersLoader.capabilities <= ALL_CAPABILITIES
     with pytest.raises(ImportError, match="needs the diffusers extra, which brings accelerate"):

@@ -15,15 +15,15 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
-from reference.args import parse_args
-from reference.cli import HEADER, load_command, load_with_table
-from reference.diffusers_models import VAE_PACKAGE, resolve_vae_class
 from reference.errors import CheckpointError
 from reference.extras import install_hint
 from reference.kit.fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
 from reference.kit.fakes.platform import FakePlatform
-from reference.model_loaders import VAELoader
-from reference.pipeline import read_pipeline
+from reference.load.model_loaders import VAELoader
+from reference.place.diffusers_models import VAE_PACKAGE, resolve_vae_class
+from reference.programs.cli import HEADER, load_command, load_with_table
+from reference.request.args import parse_args
+from reference.request.model_index import read_pipeline
 
 from .command import Result, run_reference
 

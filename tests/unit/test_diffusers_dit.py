@@ -39,7 +39,7 @@ from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_po
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.seam import PIPELINES, Precisions, SeamLoader, ServingOptions
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 from .command import ROOT, Result, run_reference, run_reference_fresh
 
@@ -356,7 +356,7 @@ def run_load_fresh(*argv: str, pythonpath: str = "") -> subprocess.CompletedProc
 def sections(stdout: str) -> dict[str, dict[str, str]]:
     """The load output's blocks (separated by blank lines) by heading; the table's heading is
     "table". Each block maps its first word per line to the rest of the line."""
-    from reference.cli import HEADER
+    from reference.programs.cli import HEADER
 
     blocks = [block.splitlines() for block in stdout.strip().split("\n\n")]
     assert blocks[0][0] == HEADER, stdout
@@ -444,8 +444,8 @@ def test_load_command_gives_the_module_from_pretrained_gives(
     """The command's own load, in process: the transformer and the VAE equal diffusers' loads,
     in eval mode; requires_grad as from_pretrained gives it, except adopted parameters, which
     ZC-9 turns off."""
-    from reference.args import parse_args
-    from reference.cli import load_with_table
+    from reference.programs.cli import load_with_table
+    from reference.request.args import parse_args
 
     root, pipeline = hub[f"{name}-{layout}"], PIPELINES_BY_NAME[name]
     for flags in ([], ["--dit-cpu-offload"]):
@@ -560,7 +560,7 @@ def test_unexpected_failures_are_one_error_line_without_a_traceback(
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
 def test_load_help_lists_every_loading_flag() -> None:
-    from reference import args as flags
+    from reference.request import args as flags
 
     done = run_load("--help")
     assert done.returncode == 0, done.stderr
@@ -591,9 +591,9 @@ def test_load_help_lists_every_loading_flag() -> None:
 def test_only_diffusers_transformer_classes_resolve(
     tmp_path: Path, diffusers: ModuleType, class_name: str
 ) -> None:
-    from reference.diffusers_models import DIT_PACKAGE, resolve_dit_class
     from reference.errors import CheckpointError
-    from reference.pipeline import read_pipeline
+    from reference.place.diffusers_models import DIT_PACKAGE, resolve_dit_class
+    from reference.request.model_index import read_pipeline
 
     index = {"_class_name": "P", "transformer": ["diffusers", class_name]}
     (tmp_path / "model_index.json").write_text(json.dumps(index))
@@ -614,10 +614,10 @@ def test_only_diffusers_transformer_classes_resolve(
 def test_without_diffusers_a_diffusers_dit_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reference.args import ServerArgs
     from reference.errors import CheckpointError
-    from reference.model_loaders import TransformerLoader
-    from reference.pipeline import read_pipeline
+    from reference.load.model_loaders import TransformerLoader
+    from reference.request.args import ServerArgs
+    from reference.request.model_index import read_pipeline
 
     monkeypatch.setitem(sys.modules, "diffusers", None)  # the platform fact: not installed
     index = {"_class_name": "P", "transformer": ["diffusers", WAN_DIT.class_name]}
@@ -636,7 +636,7 @@ def test_reference_imports_without_diffusers() -> None:
     """`reference` and the pipeline writer import with diffusers blocked (lazy imports)."""
     code = (
         "import sys; sys.modules['diffusers'] = None\n"
-        "import reference, reference.cli, reference.model_loaders\n"
+        "import reference, reference.programs.cli, reference.load.model_loaders\n"
         "import reference.kit.fakes.diffusers_pipelines\n"
         "print('ok')"
     )

@@ -36,7 +36,7 @@ from reference.kit.seam import (
     PlanLike,
     SeamLoader,
 )
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 
 @pytest.mark.rule("FP8-1")
@@ -74,7 +74,7 @@ def test_requires_device_weight_processing(
     ids=str,
 )
 def test_reference_answers_false_for_other_methods(quantization: QuantizationSpec) -> None:
-    from reference.quantization import requires_device_weight_processing
+    from reference.request.quantization import requires_device_weight_processing
 
     assert requires_device_weight_processing(quantization) is False
     assert requires_device_weight_processing(QuantizationSpec("FP8")) is True
@@ -391,8 +391,8 @@ def test_quantization_requested_but_model_unquantized_raises(
 def test_reference_raises_quantization_load_error(
     runtime_device: torch.device, tmp_path: Path
 ) -> None:
-    from reference.dit import load_dit
-    from reference.plan import WeightLoadPlan
+    from reference.load.dit import load_dit
+    from reference.request.plan import WeightLoadPlan
 
     spec = QuantizationSpec("fp8")
     path, _ = write_dit_checkpoint(tmp_path)

@@ -16,7 +16,7 @@ import torch
 from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.seam import FP8_DEFER, DitRequest, Plan, SeamLoader
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(FP8_DEFER)
 

@@ -31,7 +31,6 @@ pytest.importorskip("hypothesis", reason="property-based tests need hypothesis (
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import CheckpointError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.fuzz import (
@@ -44,6 +43,7 @@ from reference.kit.fakes.fuzz import (
 )
 from reference.kit.fakes.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
+from reference.read.checkpoint import TensorReader, open_checkpoint
 
 CPU = torch.device("cpu")
 CODES = {

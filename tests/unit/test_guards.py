@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from reference.adopt import Verdict
 from reference.errors import CheckpointError, StateMismatchError
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors, while_building
@@ -21,8 +20,10 @@ from reference.kit.fakes.guards import Seal, failure_of
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.pickles import Trap
 from reference.kit.fakes.reworded import reworded_error, without_reasons
-from reference.plan import WeightLoadPlan
-from reference.report import LoadReport, TensorRecord
+from reference.place.adopt import Verdict
+from reference.place.records import TensorRecord
+from reference.report.summary import LoadReport
+from reference.request.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from reference.errors import CheckpointError
-from reference.header import MAX_HEADER_BYTES, read_header
 from reference.kit.fakes.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
+from reference.read.header import MAX_HEADER_BYTES, read_header
 
 pytestmark = pytest.mark.capability(CHECKPOINT_SAFETY)
 
@@ -138,7 +138,7 @@ def test_a_path_under_a_file_is_refused(loader: SeamLoader, tmp_path: Path) -> N
 
 # --- the reference's own header fields and words ----------------------------------------------
 
-ONLY = pytest.mark.reference_only("reads reference.header.read_header and pins its wording")
+ONLY = pytest.mark.reference_only("reads reference.read.header.read_header and pins its wording")
 
 
 @pytest.mark.rule("CKPT-4")

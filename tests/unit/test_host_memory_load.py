@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.dit import load_dit
 from reference.errors import HostMemoryError
 from reference.kit.fakes.bench import BenchShapes, write_bench_checkpoints
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors
 from reference.kit.fakes.corrupt import small_state
 from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.plan import WeightLoadPlan
-from reference.vae import load_vae
+from reference.load.dit import load_dit
+from reference.load.vae import load_vae
+from reference.request.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal
 
@@ -91,7 +91,7 @@ FACTORIES: dict[str, Callable[[int], torch.Tensor]] = {
 def test_the_construction_guard_refuses_a_factory_call_beyond_its_budget_before_it_allocates(
     factory: Callable[[int], torch.Tensor],
 ) -> None:
-    from reference.host_memory import allocation_guard
+    from reference.place.host_memory import allocation_guard
 
     with allocation_guard("transformer", budget=GIB):
         assert factory(16).numel() == 256  # n x n elements, well within the budget
@@ -103,7 +103,7 @@ def test_the_construction_guard_refuses_a_factory_call_beyond_its_budget_before_
 def test_a_table_derived_from_small_tensors_is_refused_before_it_is_computed() -> None:
     """`torch.outer` of two small tensors asks no factory for its result: the guard learns its
     size on meta copies of its inputs and refuses it before it runs, naming the config key."""
-    from reference.host_memory import allocation_guard
+    from reference.place.host_memory import allocation_guard
 
     positions = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB, made outside the guard
     freqs = torch.ones(1 << 12)
@@ -116,7 +116,7 @@ def test_a_table_derived_from_small_tensors_is_refused_before_it_is_computed() -
 
 
 def test_views_and_in_place_ops_cost_nothing_and_ops_meta_cannot_run_are_let_through() -> None:
-    from reference.host_memory import allocation_guard
+    from reference.place.host_memory import allocation_guard
 
     base = torch.zeros(1 << 20)
     with allocation_guard("vae", budget=1 << 20):  # 1 MiB: less than `base` itself
@@ -127,7 +127,7 @@ def test_views_and_in_place_ops_cost_nothing_and_ops_meta_cannot_run_are_let_thr
 
 
 def test_the_budget_is_what_the_checkpoint_explains_and_never_more_than_the_host() -> None:
-    from reference.host_memory import TABLE_FLOOR, construction_budget
+    from reference.place.host_memory import TABLE_FLOOR, construction_budget
 
     assert construction_budget(checkpoint_bytes=None, ordinary=True, available=5) == 5
     assert construction_budget(checkpoint_bytes=10, ordinary=False, available=GIB * 64) == (
@@ -140,7 +140,7 @@ def test_the_budget_is_what_the_checkpoint_explains_and_never_more_than_the_host
 
 
 def test_the_keys_named_are_those_that_size_the_widest_dimension() -> None:
-    from reference.host_memory import sizing_keys
+    from reference.place.host_memory import sizing_keys
 
     config = {"base_dim": 96, "z_dim": 16, "heads": 4, "name": "x", "norm": True, "scale": 1.5}
     assert sizing_keys(config, (384, 384, 3, 3, 3)) == ["base_dim=96"]  # 4 x base_dim
@@ -152,7 +152,7 @@ def test_available_memory_is_the_lower_of_meminfo_and_the_cgroup_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Platform facts from files: MemAvailable in kB, and cgroup v2's limit minus its use."""
-    from reference import host_memory
+    from reference.place import host_memory
 
     meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
     cgroup.mkdir()
@@ -169,7 +169,7 @@ def test_available_memory_is_the_lower_of_meminfo_and_the_cgroup_limit(
 
 
 def test_a_guard_without_a_known_budget_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reference import host_memory
+    from reference.place import host_memory
 
     monkeypatch.setattr(host_memory, "available_host_bytes", lambda: None)
     with host_memory.allocation_guard("vae"):

@@ -316,7 +316,7 @@ def test_pipeline_json_is_read_bounded_and_refused_naming_the_file(
     tmp_path: Path, file: str, case: str
 ) -> None:
     from reference.errors import CheckpointError
-    from reference.pipeline import read_pipeline
+    from reference.request.model_index import read_pipeline
 
     root = tmp_path / "pipe"
     (root / "transformer").mkdir(parents=True)
@@ -534,10 +534,10 @@ def test_a_shape_mismatch_found_while_loading_names_the_tensors_file(
 ) -> None:
     """The DiT path checks names before reading and shapes as it loads: the shape error names
     the tensor and the shard that holds it."""
-    from reference.checkpoint import open_checkpoint
-    from reference.dit import load_dit
     from reference.errors import StateMismatchError
-    from reference.plan import WeightLoadPlan
+    from reference.load.dit import load_dit
+    from reference.read.checkpoint import open_checkpoint
+    from reference.request.plan import WeightLoadPlan
 
     state = small_state() | {"proj.weight": torch.ones(8, 5)}
     path = write_checkpoint(state, tmp_path / "ckpt", shards=2 if sharded else 1)
@@ -555,10 +555,10 @@ def test_a_shape_mismatch_found_while_loading_names_the_tensors_file(
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN)
 def test_the_reference_reports_the_dotfiles_it_skipped(tmp_path: Path) -> None:
-    from reference.dit import load_dit
     from reference.kit.fakes.corpus_models import corpus_pipeline
-    from reference.plan import WeightLoadPlan
-    from reference.vae import load_vae
+    from reference.load.dit import load_dit
+    from reference.load.vae import load_vae
+    from reference.request.plan import WeightLoadPlan
 
     from .command import run_reference
 

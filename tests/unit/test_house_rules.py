@@ -103,7 +103,7 @@ def modules() -> list[str]:
     return sorted(set(names))
 
 
-OPTIONAL = ("reference.kit.sglang_adapter", "reference.kit._torchvision_shim")
+OPTIONAL = ("reference.kit.adapters.sglang", "reference.kit.adapters._torchvision_shim")
 # Packages some modules need that an environment may lack (the GPU tier's bare venv).
 EXTRAS = {"hypothesis", "diffusers", "transformers", "accelerate", "matplotlib", "tqdm"}
 
@@ -166,4 +166,4 @@ def patches(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted((FAKES / "broken").glob("*.py")), ids=lambda p: p.name)
 def test_no_broken_loader_patches_another_module(path: Path) -> None:
-    assert patches(path) == [], "pass the defect as a step (reference.dit.DiTSteps, ...)"
+    assert patches(path) == [], "pass the defect as a step (reference.load.dit.DiTSteps, ...)"

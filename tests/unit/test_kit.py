@@ -20,10 +20,10 @@ from torch import nn
 
 import reference
 from reference.errors import CheckpointError
+from reference.kit.adapters.reference import ReferenceAdapter
 from reference.kit.failures import SeamView
 from reference.kit.fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.isolated import attempt
-from reference.kit.reference_adapter import ReferenceAdapter
 from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported, VaeRequest
 from reference.kit.selection import (
     ENTRY_POINT_GROUP,
@@ -391,7 +391,7 @@ NOT_AN_ADAPTER = 42
 
 def test_spec_forms_object_class_factory_and_dotted_attribute() -> None:
     assert isinstance(
-        resolve_spec("reference.kit.reference_adapter:ReferenceAdapter", origin="x"),
+        resolve_spec("reference.kit.adapters.reference:ReferenceAdapter", origin="x"),
         ReferenceAdapter,
     )
     assert resolve_spec(f"{__name__}:Named", origin="x").name == "named"
@@ -453,7 +453,7 @@ def test_adapter_capabilities_must_be_known_and_frozen(capabilities: object, mes
 
 REFERENCE_ONLY = """
 import pytest
-from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.adapters.reference import ReferenceAdapter
 
 class Subclass(ReferenceAdapter):
     name = "subclass"
@@ -575,7 +575,10 @@ def test_the_kit_has_no_second_import_path() -> None:
 
     assert importlib.util.find_spec("reference.adapter") is None
     assert importlib.util.find_spec("reference.baseline") is None
-    assert resolve_spec("reference.kit.baseline:PlainAssign", origin="x").name == "plain-assign"
+    assert (
+        resolve_spec("reference.kit.adapters.baselines:PlainAssign", origin="x").name
+        == "plain-assign"
+    )
 
 
 # --- the seam, and what a failure says ---------------------------------------------------------

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.admission import DirectSupport, check_arguments
-from reference.args import ServerArgs, parse_args
 from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
 from reference.kit.fakes.pipelines import (
     FULL_PIPELINE,
@@ -20,10 +18,12 @@ from reference.kit.fakes.pipelines import (
     write_pipeline,
 )
 from reference.kit.fakes.platform import FakePlatform
-from reference.load import loader_for
-from reference.loaders import VocoderLoader, loader_kind
-from reference.pipeline import ModelRegistry, is_transformer_component, read_pipeline
-from reference.quantization import QuantizationSpec
+from reference.load.loaders import VocoderLoader, loader_kind
+from reference.load.pipeline import loader_for
+from reference.request.admission import DirectSupport, check_arguments
+from reference.request.args import ServerArgs, parse_args
+from reference.request.model_index import ModelRegistry, is_transformer_component, read_pipeline
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.internal
 
@@ -302,8 +302,8 @@ def test_every_model_is_admitted_before_the_first_component_loads(
 ) -> None:
     """An unresolvable class in a later component fails the pipeline before any component loads
     (nothing half-loaded); weightless components are listed, with why, not refused."""
-    from reference import load as load_mod
-    from reference.loaders import ComponentLoader
+    from reference.load import pipeline as load_mod
+    from reference.load.loaders import ComponentLoader
 
     root = write_pipeline(
         tmp_path,
@@ -344,7 +344,7 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
     """`load_pipeline(folder, ServerArgs())` on a machine without CUDA loads on the CPU, as the
     command line does; nothing asks torch for a CUDA device."""
     from reference.kit.fakes.pipelines import SMALL_PIPELINE
-    from reference.load import load_pipeline
+    from reference.load.pipeline import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
     loaded = load_pipeline(
@@ -366,7 +366,7 @@ def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload:
     component and the cause, never reported as a state mismatch."""
     from reference.errors import ComponentLoadError
     from reference.kit.fakes.pipelines import SMALL_PIPELINE
-    from reference.load import load_pipeline
+    from reference.load.pipeline import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
     with pytest.raises(ComponentLoadError, match=r"component '\w+': \w+Error while loading") as e:

@@ -49,7 +49,7 @@ def test_plan_is_frozen(loader: SeamLoader) -> None:
 @pytest.mark.rule("PLAN-1")
 @pytest.mark.reference_only("checks the reference's own plan class")
 def test_plan_is_a_value() -> None:
-    from reference.plan import WeightLoadPlan
+    from reference.request.plan import WeightLoadPlan
 
     assert dataclasses.is_dataclass(WeightLoadPlan)
     assert WeightLoadPlan.__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -140,7 +140,7 @@ def test_contradictory_plans_are_refused(
 @pytest.mark.parametrize(("fields", "field"), CONTRADICTIONS)
 def test_contradictory_plans_raise_plan_error(fields: dict[str, object], field: str) -> None:
     from reference.errors import PlanError
-    from reference.plan import WeightLoadPlan
+    from reference.request.plan import WeightLoadPlan
 
     with pytest.raises(PlanError, match=rf"^plan: .*{field}"):
         WeightLoadPlan(**fields)  # type: ignore[arg-type]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.plan import WeightLoadPlan
+from reference.request.plan import WeightLoadPlan
 
 ACCEL = torch.device("cuda", 0)  # plans are values: no device is touched to build one
 
 
 @pytest.mark.rule("PLAN-2")
-@pytest.mark.reference_only("calls reference.plan.WeightLoadPlan.for_component directly")
+@pytest.mark.reference_only("calls reference.request.plan.WeightLoadPlan.for_component directly")
 def test_for_component_defaults_to_no_direct_mode() -> None:
     plan = WeightLoadPlan.for_component(
         checkpoint_load_device=ACCEL,

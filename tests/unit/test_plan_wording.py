@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reference.errors import PlanError
-from reference.plan import WeightLoadPlan
+from reference.request.plan import WeightLoadPlan
 
 ACCEL = torch.device("cuda", 0)
 OTHER = torch.device("cuda", 1)

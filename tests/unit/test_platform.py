@@ -6,10 +6,10 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
-from reference import platform
 from reference.__main__ import main
 from reference.kit.fakes.platform import FakePlatform
-from reference.platform import Platform, SystemPlatform
+from reference.request import platform
+from reference.request.platform import Platform, SystemPlatform
 
 pytestmark = pytest.mark.internal
 

@@ -1,4 +1,4 @@
-"""The reference's post-load steps one by one (reference.postload): buffers, processing, FSDP.
+"""The reference's post-load steps one by one (reference.place.postload): buffers, processing, FSDP.
 
 The loader-level rules (FP8-2..5, CKPT-5) are judged for every loader in test_fp8.py and
 test_zc_loads.py; these tests call the reference's own step functions, or its `load_dit`, to pin
@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from reference import dit
 from reference.errors import QuantizationLoadError
 from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.quant import UnquantizedLinearMethod
-from reference.plan import CPU, WeightLoadPlan
-from reference.postload import effective_plan, process_weights
-from reference.quantization import QuantizationSpec
+from reference.load import dit
+from reference.place.postload import effective_plan, process_weights
+from reference.request.plan import CPU, WeightLoadPlan
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("calls the reference's own post-load steps directly")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.checkpoint import Checkpoint
 from reference.errors import DeviceMemoryError
-from reference.header import TensorInfo
 from reference.kit.fakes.platform import FakePlatform
-from reference.preflight import check_device_memory
+from reference.read.checkpoint import Checkpoint
+from reference.read.header import TensorInfo
+from reference.read.preflight import check_device_memory
 
 GIB = 1024**3
 

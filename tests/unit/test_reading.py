@@ -1,5 +1,5 @@
-"""The reference's own readers: the bounded pool (reference.pool), prefetch (reference.prefetch)
-and their options (reference.reading).
+"""The reference's own readers: the bounded pool (reference.read.pool), prefetch
+(reference.read.prefetch) and their options (reference.read.reading).
 
 Timings are never asserted here; only values, where bytes live, what is in flight, which
 threads are left and which errors are raised where.
@@ -19,23 +19,23 @@ import pytest
 import torch
 from torch import nn
 
-from reference import pool as pool_mod
-from reference.bench.cache import drop
-from reference.checkpoint import TensorReader, open_checkpoint
-from reference.dit import load_dit
 from reference.errors import ArgumentError, CheckpointError
-from reference.header import TensorInfo
 from reference.kit.fakes.checkpoints import write_checkpoint, write_misaligned_checkpoint
 from reference.kit.fakes.dit import PlainDiT, TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.file_maps import file_position, maps_missing
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.vae import StandardVAE
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
-from reference.plan import WeightLoadPlan
-from reference.pool import READER_THREAD_NAME, PooledReader
-from reference.prefetch import PREFETCH_THREAD_NAME, prefetch_supported, residency_supported
-from reference.reading import ReadOptions, pool_options
-from reference.vae import load_vae
+from reference.load.dit import load_dit
+from reference.load.vae import load_vae
+from reference.programs.bench.cache import drop
+from reference.read import pool as pool_mod
+from reference.read.checkpoint import TensorReader, open_checkpoint
+from reference.read.header import TensorInfo
+from reference.read.pool import READER_THREAD_NAME, PooledReader
+from reference.read.prefetch import PREFETCH_THREAD_NAME, prefetch_supported, residency_supported
+from reference.read.reading import ReadOptions, pool_options
+from reference.request.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal
 
@@ -322,7 +322,7 @@ def three_mib_tensors(tmp_path: Path) -> tuple[dict[str, torch.Tensor], Path]:
 
 def cold_or_skip(path: Path) -> None:
     """Drop the file's pages, or skip where this file system keeps them (tmpfs)."""
-    from reference.bench.cache import cached_fraction, cannot_drop
+    from reference.programs.bench.cache import cached_fraction, cannot_drop
 
     reason = cannot_drop()
     if reason is not None:
@@ -449,7 +449,7 @@ def test_a_load_through_the_pool_fails_cleanly_on_a_truncated_file(
     torch.manual_seed(0)
     state = {k: v.detach().clone() for k, v in StandardVAE().state_dict().items()}
     path = write_vae_checkpoint(state, tmp_path)
-    monkeypatch.setattr("reference.vae.PooledReader", TruncatesAfterCheck)
+    monkeypatch.setattr("reference.load.vae.PooledReader", TruncatesAfterCheck)
     before = threading.enumerate()
     with pytest.raises(CheckpointError) as caught:
         load_vae(StandardVAE, path, device=CPU, reading=SMALL)
@@ -628,8 +628,8 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
 ) -> None:
     """Column- and row-parallel layers at TP=1 (their loader copies the tensor unchanged): the
     pool reads them into the buffers that become the parameters, so nothing is copied twice."""
-    from reference.dit import build_dit, dit_reader
     from reference.kit.fakes.bench import BenchShapes, write_bench_checkpoints
+    from reference.load.dit import build_dit, dit_reader
 
     shapes = BenchShapes.for_bytes(1 << 20)
     path, _ = write_bench_checkpoints(tmp_path, shapes)

@@ -1,4 +1,4 @@
-"""VAE-2/3/5/6: the reference's own state-dict ABI check (reference.slots), case by case.
+"""VAE-2/3/5/6: the reference's own state-dict ABI check (reference.place.slots), case by case.
 
 test_vae.py judges every loader on whole VAEs; these tests call `state_slots` and
 `is_torch_code` directly with small modules, to pin how the reference tells torch's code from
@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from reference.errors import StateDictABIError
-from reference.slots import is_torch_code, state_slots
+from reference.place.slots import is_torch_code, state_slots
 
-pytestmark = pytest.mark.reference_only("calls reference.slots directly and pins its wording")
+pytestmark = pytest.mark.reference_only("calls reference.place.slots directly and pins its wording")
 
 
 def user_function(*args: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""CKPT-3, VAE-1/7/8/10: the reference's own preflight and per-tensor fill (reference.stream).
+"""CKPT-3, VAE-1/7/8/10: the reference's own preflight and per-tensor fill (reference.place.stream).
 
 test_vae.py judges every loader on whole VAEs; here `preflight`, `fill_slot` and `stream` are
 called directly to pin the reference's messages (how long lists are cut, how problems are
@@ -15,12 +15,14 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from reference.checkpoint import TensorReader, open_checkpoint
 from reference.errors import StateMismatchError
-from reference.slots import state_slots
-from reference.stream import fill_slot, preflight, stream
+from reference.place.slots import state_slots
+from reference.place.stream import fill_slot, preflight, stream
+from reference.read.checkpoint import TensorReader, open_checkpoint
 
-pytestmark = pytest.mark.reference_only("calls reference.stream directly and pins its wording")
+pytestmark = pytest.mark.reference_only(
+    "calls reference.place.stream directly and pins its wording"
+)
 
 META = torch.device("meta")  # stands for any device but CPU in the CPU tier
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.internal
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "docs" / "upstream.md"
 COMMITTED = ROOT / "docs" / "matrix" / "sglang-cpu.json"
-ADAPTER = "reference.kit.sglang_adapter:SglangLoader"
+ADAPTER = "reference.kit.adapters.sglang:SglangLoader"
 BEGIN, END = "<!-- sglang-failures -->", "<!-- /sglang-failures -->"
 ROW = re.compile(
     r"^\| (?P<rule>[A-Z0-9]+-\d+[a-z]?) \| (?P<origin>\[\+\]|\[U\]) \| (?P<source>[^|]+) \|"
@@ -130,8 +130,8 @@ def test_the_adapter_hands_sglang_the_precisions_in_its_own_spelling() -> None:
         pytest.skip("sglang 0.5.23 is not installed here: tox -e matrix-sglang builds its env")
     import torch
 
+    from reference.kit.adapters.sglang import _precision_fields
     from reference.kit.seam import Precisions
-    from reference.kit.sglang_adapter import _precision_fields
 
     fields = _precision_fields(
         Precisions(

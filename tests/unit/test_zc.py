@@ -40,7 +40,7 @@ from reference.kit.fakes.layers import (
 )
 from reference.kit.fakes.quant import OnlineFp8LinearMethod
 from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader
-from reference.report import LoadReport
+from reference.report.summary import LoadReport
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
 

@@ -23,7 +23,6 @@ from pytest_mock import MockerFixture
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference.checkpoint import TensorReader, open_checkpoint
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.dit import (
     DiTConfig,
@@ -58,7 +57,8 @@ from reference.kit.fakes.layers import (
 from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.fakes.load_paths import sees_zc3
 from reference.kit.seam import DIRECT_DIT, ZERO_COPY, DitRequest, Plan, PlanLike, SeamLoader
-from reference.quantization import QuantizationSpec
+from reference.read.checkpoint import TensorReader, open_checkpoint
+from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
 

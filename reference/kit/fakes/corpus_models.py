@@ -28,7 +28,7 @@ from torch import nn
 from reference.kit.fakes.layers import LINEAR_KINDS, ReplicatedLinear
 from reference.kit.fakes.pipelines import FakeComponent, write_pipeline
 from reference.kit.fakes.quant import quant_method_factory
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "CORPUS_PIPELINE",

@@ -30,7 +30,7 @@ from reference.kit.fakes.layers import (
     default_weight_loader,
 )
 from reference.kit.fakes.quant import quant_method_factory, quantize_fp8
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "DiTBlock",

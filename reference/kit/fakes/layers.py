@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference.adopt import LinearKinds
 from reference.kit.fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
+from reference.place.adopt import LinearKinds
 
 __all__ = [
     "LINEAR_KINDS",

@@ -38,7 +38,7 @@ from reference.kit.seam import (
     ServingOptions,
     VaeRequest,
 )
-from reference.memory import PeakSampler
+from reference.report.memory import PeakSampler
 
 __all__ = [
     "CAPABILITY",

@@ -18,8 +18,8 @@ from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.dit import DiTConfig, RotaryDiT, TinyDiT
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.vae import StandardVAE, VAEConfig
-from reference.pipeline import MODEL_INDEX
-from reference.quantization import QuantizationSpec
+from reference.request.model_index import MODEL_INDEX
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "FULL_PIPELINE",

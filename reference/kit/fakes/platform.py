@@ -11,7 +11,7 @@ __all__ = ["FakePlatform"]
 
 @dataclass(frozen=True)
 class FakePlatform:
-    """Answers platform questions from its fields (see reference.platform.Platform)."""
+    """Answers platform questions from its fields (see reference.request.platform.Platform)."""
 
     cuda: bool = True
     devices: int = 1

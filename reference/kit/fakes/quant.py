@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference.quantization import QuantizationSpec
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "E8M0_BIAS",

@@ -18,14 +18,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from reference.adopt import Verdict
 from reference.errors import (
     CheckpointError,
     ComponentCheckpointUnsupportedError,
     DeviceMemoryError,
 )
-from reference.kit.reference_adapter import ReferenceAdapter
-from reference.report import LoadReport
+from reference.kit.adapters.reference import ReferenceAdapter
+from reference.place.adopt import Verdict
+from reference.report.summary import LoadReport
 
 __all__ = [
     "DOCUMENTED",

@@ -10,22 +10,22 @@ from types import MappingProxyType
 
 import torch
 
-from reference import admission
-from reference.args import (
+from reference.errors import ArgumentError, DeviceMemoryError
+from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.seam import ServingOptions
+from reference.load.loaders import loader_kind
+from reference.read.checkpoint import open_checkpoint
+from reference.request import admission
+from reference.request.args import (
     COMPONENT_DIRECT_FLAG,
     DIRECT_FLAG,
     ServerArgs,
     ServerArgsLike,
     own_server_args,
 )
-from reference.checkpoint import open_checkpoint
-from reference.errors import ArgumentError, DeviceMemoryError
-from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import ServingOptions
-from reference.loaders import loader_kind
-from reference.pipeline import read_pipeline
-from reference.platform import Platform
-from reference.quantization import QuantizationSpec
+from reference.request.model_index import read_pipeline
+from reference.request.platform import Platform
+from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "AdmitsOneFlagAtATime",

@@ -3,8 +3,8 @@
 A broken loader is a real loader: the reference adapter with exactly one behaviour changed. Where
 that behaviour lives inside the reference (a step of `load_dit` or `load_vae`, the zero-copy
 predicate), the loader passes its own step through the reference's explicit seam
-(`reference.dit.DiTSteps`, `reference.vae.VAESteps`), so everything else runs the reference's code
-unchanged and nothing global is patched.
+(`reference.load.dit.DiTSteps`, `reference.load.vae.VAESteps`), so everything else runs the
+reference's code unchanged and nothing global is patched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from reference.kit.reference_adapter import ReferenceAdapter
+from reference.kit.adapters.reference import ReferenceAdapter
 
 __all__ = ["DIRECT_MODE", "BrokenAdapter", "clone_parameter"]
 

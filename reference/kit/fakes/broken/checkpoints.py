@@ -12,9 +12,14 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from reference import dit
-from reference.args import ServerArgsLike
-from reference.checkpoint import (
+from reference.errors import CheckpointError
+from reference.kit.fakes.broken.base import BrokenAdapter
+from reference.kit.seam import DitRequest, VaeRequest
+from reference.load import dit
+from reference.place.modules import Slot
+from reference.place.stream import StreamPlan
+from reference.place.stream import preflight as reference_preflight
+from reference.read.checkpoint import (
     INDEX_SUFFIX,
     Checkpoint,
     StreamingReader,
@@ -22,15 +27,10 @@ from reference.checkpoint import (
     hidden_files,
     open_checkpoint,
 )
-from reference.errors import CheckpointError
-from reference.header import DTYPES, PICKLE_SUFFIXES, TensorInfo, read_header
-from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import DitRequest, VaeRequest
-from reference.modules import Slot
-from reference.platform import Platform
-from reference.report import LoadReport
-from reference.stream import StreamPlan
-from reference.stream import preflight as reference_preflight
+from reference.read.header import DTYPES, PICKLE_SUFFIXES, TensorInfo, read_header
+from reference.report.summary import LoadReport
+from reference.request.args import ServerArgsLike
+from reference.request.platform import Platform
 
 __all__ = [
     "FolderPolicy",

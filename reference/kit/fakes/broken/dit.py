@@ -12,17 +12,17 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from reference.adopt import AdoptedBytes, AdoptSteps, LinearKinds, copy_to_fresh
-from reference.checkpoint import Checkpoint, TensorReader
-from reference.dit import REFERENCE_DIT_STEPS, DiTSteps
 from reference.errors import QuantizationLoadError, StateMismatchError
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import SharedMapReader
 from reference.kit.seam import DitRequest, PlanLike
-from reference.modules import Slot
-from reference.plan import WeightLoadPlan
-from reference.postload import offload_to_cpu, process_weights
-from reference.report import LoadReport
+from reference.load.dit import REFERENCE_DIT_STEPS, DiTSteps
+from reference.place.adopt import AdoptedBytes, AdoptSteps, LinearKinds, copy_to_fresh
+from reference.place.modules import Slot
+from reference.place.postload import offload_to_cpu, process_weights
+from reference.read.checkpoint import Checkpoint, TensorReader
+from reference.report.summary import LoadReport
+from reference.request.plan import WeightLoadPlan
 
 __all__ = [
     "AdoptsSharedBytesTwice",

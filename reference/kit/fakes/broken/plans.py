@@ -7,9 +7,9 @@ import dataclasses
 import torch
 
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.plan import CPU, WeightLoadPlan
-from reference.postload import OffloadOptions
-from reference.quantization import ONLINE_DEVICE_METHODS, QuantizationSpec
+from reference.place.postload import OffloadOptions
+from reference.request.plan import CPU, WeightLoadPlan
+from reference.request.quantization import ONLINE_DEVICE_METHODS, QuantizationSpec
 
 __all__ = [
     "DefaultPlanOnCpu",

@@ -10,14 +10,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.args import ServerArgsLike, own_server_args
-from reference.checkpoint import Checkpoint, TensorReader
-from reference.dit import DiTSteps
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.seam import DitRequest, PlanLike, VaeRequest
-from reference.pipeline import is_transformer_component, read_pipeline
-from reference.platform import Platform
-from reference.report import LoadReport
+from reference.load.dit import DiTSteps
+from reference.read.checkpoint import Checkpoint, TensorReader
+from reference.report.summary import LoadReport
+from reference.request.args import ServerArgsLike, own_server_args
+from reference.request.model_index import is_transformer_component, read_pipeline
+from reference.request.platform import Platform
 
 __all__ = [
     "AcceptsUndeclaredPrecisions",

@@ -7,7 +7,7 @@ import os
 import safetensors.torch
 import torch
 
-from reference.checkpoint import Checkpoint, TensorReader
+from reference.read.checkpoint import Checkpoint, TensorReader
 
 __all__ = ["SharedMapReader", "WholeFileReader"]
 

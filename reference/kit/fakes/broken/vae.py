@@ -1,4 +1,5 @@
-"""Broken direct VAE loading: one step of `reference.vae.load_vae` done wrong each (VAE-1..13)."""
+"""Broken direct VAE loading: one step of `reference.load.vae.load_vae` done wrong each
+(VAE-1..13)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from reference.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.errors import ComponentCheckpointUnsupportedError, StateDictABIError
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import WholeFileReader
 from reference.kit.seam import VaeRequest
-from reference.modules import Slot, rebuild_non_persistent_buffers
-from reference.plan import WeightLoadPlan
-from reference.report import LoadReport, TensorRecord
-from reference.stream import StreamPlan, fill_slot, grad_allowed, preflight, stream
-from reference.vae import VAESteps
+from reference.load.vae import VAESteps
+from reference.place.modules import Slot, rebuild_non_persistent_buffers
+from reference.place.records import TensorRecord
+from reference.place.stream import StreamPlan, fill_slot, grad_allowed, preflight, stream
+from reference.read.checkpoint import Checkpoint, TensorReader, open_checkpoint
+from reference.report.summary import LoadReport
+from reference.request.plan import WeightLoadPlan
 
 __all__ = [
     "CPU",

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from reference.kit.fakes.broken.vae import VAEDefect
-from reference.modules import Entry
-from reference.slots import SlotChecks, check_settled
-from reference.vae import VAESteps
+from reference.load.vae import VAESteps
+from reference.place.modules import Entry
+from reference.place.slots import SlotChecks, check_settled
 
 __all__ = [
     "AllowsTiedState",

@@ -16,11 +16,18 @@ from types import MappingProxyType, MethodType
 import torch
 from torch import nn
 
-from reference.adopt import ADOPT, SPECIAL_FLAGS, AdoptSteps, LinearKinds, Verdict, same_device
-from reference.adopt import zero_copy_verdict as reference_verdict
-from reference.dit import DiTSteps
 from reference.kit.fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter
 from reference.kit.seam import PlanLike
+from reference.load.dit import DiTSteps
+from reference.place.adopt import (
+    ADOPT,
+    SPECIAL_FLAGS,
+    AdoptSteps,
+    LinearKinds,
+    Verdict,
+    same_device,
+)
+from reference.place.adopt import zero_copy_verdict as reference_verdict
 
 __all__ = [
     "AcceptsOverridingSubclasses",

@@ -1,0 +1,284 @@
+"""Direct VAE loading: build on meta, prove the state-dict ABI, preflight, stream, finish.
+
+One load, in order:
+  1. refusals (VAE-12): quantization or custom code (`auto_map`) in the config, a quantization
+     request, or quantization declared in the checkpoint's own metadata;
+  2. headers: `open_checkpoint` validates every file and the shard index (CKPT-2, CKPT-4);
+  3. build on `meta` (VAE-1, VAE-9): parameters and persistent buffers go to `meta` as they are
+     registered, while non-persistent buffers are computed as an ordinary construction computes
+     them (real values); a buffer construction itself leaves on meta with no
+     `rebuild_buffers(device)` hook to recompute it is refused here, as is a decode dtype the
+     VAE cannot hold (VAE-11);
+  4. slots (VAE-2..6): the standard state-dict ABI on every submodule, no tied state;
+  5. preflight (CKPT-3): names and shapes from the headers against the slots;
+  6. stream (VAE-1, VAE-7, VAE-10): one tensor at a time into its slot on `device`, each file
+     mapped only while its tensor is copied, so memory holds the module and one tensor;
+  7. after the stream (VAE-8, VAE-9): `rebuild_buffers` hooks run, buffers moved to `device`,
+     state unchanged by hooks;
+  8. policy (VAE-11): channels_last_3d and decode dtype, as on the ordinary path.
+CPU and CUDA targets run the same code; the device is an argument (VAE-13). The caller gets a
+complete module or an exception, never a half-loaded module (CKPT-5).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reference.errors import ComponentCheckpointUnsupportedError
+from reference.place.cast import cast_slots
+from reference.place.host_memory import (
+    available_host_bytes,
+    construction_guard,
+    refuse_beyond_host,
+    slot_bytes,
+)
+from reference.place.modules import (
+    Slot,
+    build_on_meta,
+    rebuild_non_persistent_buffers,
+    refuse_unrebuildable_buffers,
+)
+from reference.place.records import TensorRecord
+from reference.place.slots import REFERENCE_SLOT_CHECKS, SlotChecks, state_slots
+from reference.place.stream import StreamPlan, preflight, stream
+from reference.place.vae_postload import (
+    apply_vae_policy,
+    check_state_kept,
+    require_decode_dtype_support,
+)
+from reference.read.checkpoint import (
+    Checkpoint,
+    StreamingReader,
+    TensorInfo,
+    TensorReader,
+    open_checkpoint,
+    skipped_notes,
+)
+from reference.read.pool import PooledReader
+from reference.read.reading import ReadOptions, pool_options
+from reference.report.summary import LoadReport
+from reference.request.plan import WeightLoadPlan
+from reference.request.quantization import QuantizationSpec
+
+__all__ = [
+    "QUANTIZATION_KEYS",
+    "REFERENCE_VAE_STEPS",
+    "VAESteps",
+    "load_vae",
+    "refuse_quantized_metadata",
+    "refuse_unsupported_config",
+    "vae_reader",
+]
+
+# Where a VAE's quantization shows up: its component config, or its checkpoint's __metadata__.
+QUANTIZATION_KEYS = ("quantization_config", "quant_method")
+
+
+def refuse_unsupported_config(
+    component: str, config: Mapping[str, object] | None, quantization: QuantizationSpec | None
+) -> None:
+    """VAE-12: refuse what direct streaming cannot honour, before any file is opened.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: for a quantization request, a quantization config,
+            or custom code (`auto_map`); no generic fallback loader is tried.
+    """
+    config = config or {}
+    found = [key for key in QUANTIZATION_KEYS if key in config]
+    if quantization is not None or found:
+        what = f"quantization {quantization.method!r}" if quantization else f"config {found[0]}"
+        raise ComponentCheckpointUnsupportedError(
+            f"{component}: direct VAE loading was requested for a quantized VAE ({what});"
+            " streaming fills native slots only and does not fall back to a generic loader."
+            f" Drop the direct-loading flag for {component}"
+        )
+    if config.get("auto_map"):
+        raise ComponentCheckpointUnsupportedError(
+            f"{component}: the config declares custom code (auto_map: {config['auto_map']!r});"
+            " direct VAE loading builds native classes only and never runs code shipped with a"
+            f" checkpoint. Drop the direct-loading flag for {component}"
+        )
+
+
+def refuse_quantized_metadata(
+    component: str, file_metadata: Mapping[Path, Mapping[str, str]]
+) -> None:
+    """VAE-12b: a checkpoint whose own metadata (in any of its files) declares quantization is
+    refused.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: naming the key and the file.
+    """
+    for file, metadata in file_metadata.items():
+        found = [key for key in QUANTIZATION_KEYS if key in metadata]
+        if found:
+            raise ComponentCheckpointUnsupportedError(
+                f"{component}: {file.name} declares {found[0]} in its metadata; direct VAE"
+                " loading does not load quantized checkpoints and does not fall back to a"
+                f" generic loader. Drop the direct-loading flag for {component}"
+            )
+
+
+def vae_reader(
+    checkpoint: Checkpoint,
+    slots: Mapping[str, Slot],
+    *,
+    reading: ReadOptions | None,
+    device: torch.device,
+) -> TensorReader:
+    """The reference's reader for one VAE stream into `slots`, which copies every tensor.
+
+    The bounded pool where `reference.read.reading.pool_options` says so (given options; not by
+    default); onto the CPU it reads the tensors whose buffers become their slots' tensors as
+    they are (the slot's dtype), and the others, which are converted, are copied from the
+    file's map, mapped for one tensor at a time. Without the pool, a `StreamingReader`.
+    """
+    pool = pool_options(reading, device=device, load="vae")
+    if pool is None:
+        return StreamingReader(checkpoint)
+    if device.type != "cpu":
+        return PooledReader(checkpoint, pool, streaming=True)
+
+    def kept(info: TensorInfo) -> bool:
+        slot = slots.get(info.name)
+        return slot is not None and slot.dtype == info.dtype and slot.shape == info.shape
+
+    return PooledReader(checkpoint, pool, pooled=kept, streaming=True, buffers_kept=True)
+
+
+@dataclass(frozen=True)
+class VAESteps:
+    """The steps of `load_vae` a caller may replace, each with the reference's default, in the
+    order they run: build, buffer refusal, slot checks, preflight, reader, stream, buffer
+    rebuild, state check. A loader that differs in one step passes its own. `reader` None is
+    the reference's choice (`vae_reader`, tuned by `load_vae`'s `reading`); a reader given here
+    reads every load, whatever `reading` says."""
+
+    build: Callable[..., nn.Module] = build_on_meta
+    refuse_buffers: Callable[..., tuple[str, ...]] = refuse_unrebuildable_buffers
+    slot_checks: SlotChecks = REFERENCE_SLOT_CHECKS
+    preflight: Callable[..., StreamPlan] = preflight
+    reader: Callable[[Checkpoint], TensorReader] | None = None
+    stream: Callable[..., tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]] = stream
+    rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
+    check_state_kept: Callable[..., None] = check_state_kept
+
+
+REFERENCE_VAE_STEPS = VAESteps()
+
+
+VAE_FIX = (
+    "stream it onto the GPU (--component-direct-gpu-weight-loading.{component}), or free host"
+    " memory"
+)
+
+
+def load_vae(
+    build: Callable[[], nn.Module],
+    checkpoint_path: str | os.PathLike[str],
+    *,
+    device: torch.device,
+    component: str = "vae",
+    config: Mapping[str, object] | None = None,
+    quantization: QuantizationSpec | None = None,
+    decode_dtype: torch.dtype | None = None,
+    channels_last_3d: bool = False,
+    reading: ReadOptions | None = None,
+    steps: VAESteps = REFERENCE_VAE_STEPS,
+    host_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[nn.Module, LoadReport]:
+    """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
+
+    dtype policy: a checkpoint tensor whose dtype differs from its slot's is converted to the
+    slot's dtype once, on the way into the slot (the record says so).
+
+    Args:
+        build: constructs the VAE; called once, its parameters and persistent buffers sent to
+            `meta` (see `reference.place.modules.build_on_meta`).
+        checkpoint_path: a `.safetensors` file, a shard index, or a folder holding either.
+        device: the target device (cpu or cuda).
+        component: the pipeline component name, used in messages and the report.
+        config: the component's config (refusals only: quantization, auto_map).
+        quantization: a requested quantization; direct loading refuses any.
+        decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
+        channels_last_3d: store Conv3d weights in channels_last_3d.
+        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the default:
+            one tensor at a time from the file's map (`StreamingReader`). Given options
+            (`workers` of 1 or more) read through the bounded reader pool: K tensors or B bytes
+            read ahead, each buffer becoming its slot's tensor onto the CPU where no conversion
+            is needed, so memory holds the module and at most the window.
+        steps: the steps of the load (see `VAESteps`); the reference's by default.
+        host_bytes: the host memory the load may take (default: what the host has available).
+        dtype: the component's precision (PREC-1): the slots are given it on meta before the
+            preflight (fp32-kept modules, integer and float8 slots aside: PREC-2); each tensor
+            of another dtype is converted once, on `device`, as it streams (PREC-4, PREC-5).
+            None keeps the dtypes the build gives.
+            A CPU load whose slots need more is refused after the preflight, before any tensor
+            is read.
+
+    Returns:
+        The loaded module (in eval mode), and a report with one "streamed" record per tensor.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: VAE-12 refusals, before anything is built.
+        CheckpointError: unreadable files or a disagreeing shard index.
+        StateDictABIError: a non-standard state-dict ABI, tied state, or non-persistent
+            buffers on meta that no hook rebuilds (before any tensor data is read).
+        StateMismatchError: unknown, missing or wrong-shape tensors, before any data is read.
+        ArgumentError: a decode dtype the VAE cannot hold.
+        HostMemoryError: a CPU load whose slots need more than `host_bytes`.
+    """
+    start = time.perf_counter()
+    refuse_unsupported_config(component, config, quantization)
+    checkpoint = open_checkpoint(checkpoint_path)
+    refuse_quantized_metadata(component, checkpoint.file_metadata)
+    # The construction may take no more host memory than its checkpoint explains (tables).
+    with construction_guard(
+        component, checkpoint_bytes=checkpoint.total_bytes, ordinary=False, config=config
+    ):
+        module = steps.build(build, component=component)
+    if dtype is not None:
+        cast_slots(module, dtype)
+    steps.refuse_buffers(module, component=component)
+    if decode_dtype is not None:
+        require_decode_dtype_support(module, decode_dtype, component=component)
+    slots = state_slots(module, component=component, checks=steps.slot_checks)
+    plan = steps.preflight(checkpoint, slots, component=component)
+    if device.type == "cpu":
+        host_bytes = available_host_bytes() if host_bytes is None else host_bytes
+        needed = sum(slot_bytes(slots[name].tensor) for name in plan.names)
+        what = "streaming every tensor into the CPU model"
+        fix = VAE_FIX.format(component=component)
+        refuse_beyond_host(component, needed, available=host_bytes, what=what, fix=fix)
+    if steps.reader is not None:
+        reader = steps.reader(checkpoint)
+    else:
+        reader = vae_reader(checkpoint, slots, reading=reading, device=device)
+    try:
+        records, filled = steps.stream(reader, slots, plan, device=device)
+    finally:
+        reader.close()
+    buffers = steps.rebuild_buffers(module, device=device, component=component)
+    steps.check_state_kept(module, filled, component=component)
+    policy = apply_vae_policy(
+        module, channels_last_3d=channels_last_3d, decode_dtype=decode_dtype, component=component
+    )
+    events = ("build on meta", "preflight", "stream", f"{len(buffers)} buffers rebuilt", *policy)
+    load_plan = WeightLoadPlan(
+        checkpoint_load_device=device, load_full_state_dict_on_device=device.type != "cpu"
+    )
+    # In eval mode, as diffusers' from_pretrained returns a model.
+    module.eval()
+    seconds = time.perf_counter() - start
+    notes = skipped_notes(checkpoint.skipped)
+    return module, LoadReport(
+        component, load_plan, records, seconds, events, notes, precision=dtype
+    )

@@ -1,0 +1,38 @@
+"""A built module's slots given its component's precision, before any tensor is read (PREC-1,
+PREC-2): on meta nothing is allocated, so a checkpoint tensor already in the slot's dtype is
+adopted and any other is converted once (PREC-4)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from reference.place.modules import find_slots
+from reference.request.precision import fp32_modules, slot_dtype
+
+__all__ = ["cast_slots"]
+
+
+@torch.no_grad()
+def cast_slots(module: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """Give every slot of `module` the dtype precision `dtype` asks (`slot_dtype`), in place;
+    on a module built on meta nothing is allocated. A parameter keeps its class, attributes
+    and `requires_grad`; tied slots stay tied. Returns each slot's dtype by name."""
+    kept = fp32_modules(module)
+    found = find_slots(module)
+    dtypes: dict[str, torch.dtype] = {}
+    for name, slot in found.by_name.items():
+        wanted = slot_dtype(name, slot.dtype, dtype, kept)
+        dtypes[name] = wanted
+        if wanted == slot.dtype:
+            continue
+        data = slot.tensor.detach().to(wanted)
+        if slot.is_parameter:
+            new = torch.Tensor._make_subclass(type(slot.tensor), data, slot.tensor.requires_grad)
+            new.__dict__.update(slot.tensor.__dict__)
+        else:
+            new = data
+        for owner, leaf in slot.places:
+            store = owner._parameters if slot.is_parameter else owner._buffers
+            store[leaf] = new  # type: ignore[assignment]
+    return dtypes

@@ -1,0 +1,549 @@
+"""The measured loading paths of the benchmark: one function per path, and one measured run.
+
+`run(job)` measures one path once in the calling process: either timed (no sampler thread
+competing with the load) or sampled for memory (`reference.report.memory.PeakSampler`). Everything a
+path needs (imports, CUDA context, a pinned buffer, the warm-up) happens before the measured region,
+and the loaded tensors are listed and counted after it. `reference.programs.bench.runner` runs each
+job in a fresh process; `reference.programs.bench.command` orchestrates the runs and takes medians.
+
+With a warm-up folder, the path first loads those (small) checkpoints, unmeasured, so the one-off
+costs of a process's first load (first calls, lazy caches, the copy-on-write faults of a forked
+child) are not charged to the measured load: they are a fixed few milliseconds, not a cost per
+byte.
+
+Each run starts from the page-cache state its job names (`reference.programs.bench.cache`): "warm"
+reads the path's checkpoint files once, "cold" drops their pages, both right before the clock
+starts; the fraction of their pages cached at that moment is the run's `cached` figure. A cold run
+whose pages could not be dropped reports why (`skipped`) instead of figures.
+
+The limit paths (`reference.programs.bench.limits`) read the whole DiT checkpoint file; the prefetch
+path needs `reference.read.reading` (its `ReadOptions`), and is unavailable without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+import importlib
+import importlib.util
+import inspect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference.errors import HostMemoryError
+from reference.extras import install_hint
+from reference.load.dit import load_dit
+from reference.load.vae import load_vae
+from reference.programs.bench import limits
+from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
+from reference.read.reading import ReadOptions
+from reference.report.memory import PeakSampler, resident
+from reference.report.summary import LoadReport
+from reference.request.plan import CPU, WeightLoadPlan
+
+__all__ = [
+    "CUDA",
+    "DIFFUSERS_FOLDER",
+    "MODES",
+    "PATHS",
+    "Job",
+    "Loaded",
+    "PathSpec",
+    "ddit_from_pretrained",
+    "ddit_zero_copy",
+    "diffusers_transformer",
+    "dit",
+    "file_mapped_bytes",
+    "from_report",
+    "full_state",
+    "library_missing",
+    "limit_paths",
+    "module_tensors",
+    "pinned_h2d",
+    "pinned_host",
+    "prefetch_options",
+    "read_all",
+    "refused_copy",
+    "run",
+    "start_cache",
+    "state_dict_load",
+    "synchronize",
+    "vae_stream",
+]
+
+CUDA = torch.device("cuda", 0)
+MODES = ("time", "memory")
+DIFFUSERS_FOLDER = "ddit"
+"""The benchmark folder's diffusers pipeline (written when diffusers is installed)."""
+
+
+def library_missing(library: str | None) -> str | None:
+    """Why a path's optional library cannot be used here, or None."""
+    if library is None:
+        return None
+    if importlib.util.find_spec(library) is None:
+        return f"{library} is not installed ({install_hint(library)})"
+    return None
+
+
+def prefetch_options() -> ReadOptions:
+    """The default read options with prefetching on (the zero-copy path's opt-in)."""
+    return ReadOptions(prefetch=True)
+
+
+def refused_copy(job: Job) -> Loaded:
+    """The copy path with half the checkpoint's bytes of host memory available: it must be
+    refused (`HostMemoryError`) before it allocates; the figures are those of the refusal."""
+    budget = job.files("dit")[0].stat().st_size // 2
+    try:
+        dit(job, device=CPU, adopt=False, host_bytes=budget)
+    except HostMemoryError:
+        return Loaded(torch.empty(0), copied=0)
+    raise RuntimeError("the copy path loaded with half the memory it needs: it was not refused")
+
+
+@dataclass
+class Loaded:
+    """What a path produced, and where its bytes went (None: every byte was copied).
+
+    Only the load itself is timed; the tensors are listed and counted after the clock stops.
+    """
+
+    result: nn.Module | torch.Tensor
+    adopted: int = 0
+    copied: int | None = None
+    streamed: int = 0
+    # For a loader that reports no fates: bytes whose storage is a map of one of these files
+    # count as adopted, the rest as copied (read off /proc/self/maps after the clock stops).
+    mapped_from: tuple[Path, ...] = ()
+
+    def tensors(self) -> list[torch.Tensor]:
+        if isinstance(self.result, torch.Tensor):
+            return [self.result]
+        return module_tensors(self.result)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: which path, on which benchmark folder, timed or sampled, warm or cold."""
+
+    path: str
+    folder: Path
+    mode: str = "time"
+    warmup: Path | None = None
+    threads: int | None = None  # torch's intra-op threads for the run; None keeps torch's default
+    cache: str = "warm"  # the page-cache state the run starts from: "warm" or "cold"
+
+    @functools.cached_property
+    def shapes(self) -> Any:
+        """The models' constructor arguments (`reference/kit/fakes/bench.py: BenchShapes`), read
+        once."""
+        from reference.kit.fakes.bench import BenchShapes
+
+        return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
+
+    def checkpoint(self, model: str) -> Path:
+        return self.folder / model / "model.safetensors"
+
+    def files(self, model: str) -> tuple[Path, ...]:
+        """The checkpoint files `model` ("dit", "vae", "ddit") is read from."""
+        if model == DIFFUSERS_FOLDER:
+            return tuple(sorted((self.folder / DIFFUSERS_FOLDER).glob("*/*.safetensors")))
+        return (self.checkpoint(model),)
+
+
+def module_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer (persistent or not), each storage view once."""
+    seen: dict[tuple[int, int], torch.Tensor] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        seen.setdefault((tensor.data_ptr(), tensor.nbytes), tensor)
+    return list(seen.values())
+
+
+def from_report(module: nn.Module, report: LoadReport) -> Loaded:
+    return Loaded(
+        module,
+        adopted=report.adopted.bytes,
+        copied=report.copied.bytes,
+        streamed=report.streamed.bytes,
+    )
+
+
+def file_mapped_bytes(tensors: list[torch.Tensor], files: tuple[Path, ...]) -> int:
+    """Bytes of `tensors` whose first byte lies in a memory map of one of `files`."""
+    wanted = {str(path.resolve()) for path in files}
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() in wanted:
+                start, end = (int(part, 16) for part in fields[0].split("-"))
+                ranges.append((start, end))
+    return sum(
+        t.nbytes
+        for t in tensors
+        if t.device.type == "cpu" and any(s <= t.data_ptr() < e for s, e in ranges)
+    )
+
+
+def read_all(tensors: list[torch.Tensor]) -> int:
+    """Read every byte of every tensor once (a max over its bytes); returns a checksum.
+
+    On one CPU thread: the read is memory-bound, and on a busy machine a thread pool adds
+    milliseconds of waiting per tensor, which would be charged to many-tensor models.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return sum(
+            int(t.detach().reshape(-1).view(torch.uint8).amax()) for t in tensors if t.numel()
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def dit(
+    job: Job,
+    *,
+    device: torch.device,
+    adopt: bool = True,
+    reading: ReadOptions | None = None,
+    host_bytes: int | None = None,
+) -> Loaded:
+    """The reference DiT loader, reading as `reading` says and with `host_bytes` of host memory
+    (the loader's defaults: None)."""
+    from reference.kit.fakes.layers import LINEAR_KINDS
+
+    direct = device.type != "cpu"
+    plan = (
+        WeightLoadPlan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
+        if direct
+        else WeightLoadPlan.for_component(
+            checkpoint_load_device=CPU,
+            needs_device_weight_postprocess=False,
+            component_cpu_offload=True,
+        )
+    )
+    module, report = load_dit(
+        job.shapes.dit,
+        job.checkpoint("dit"),
+        plan=plan,
+        kinds=LINEAR_KINDS,
+        adopt=adopt,
+        reading=reading,
+        host_bytes=host_bytes,
+    )
+    return from_report(module, report)
+
+
+def diffusers_transformer(job: Job) -> Any:
+    """The `transformer` component of the benchmark's diffusers pipeline (`ddit/`)."""
+    from reference.request.model_index import read_pipeline
+
+    return read_pipeline(job.folder / DIFFUSERS_FOLDER).component("transformer")
+
+
+def ddit_zero_copy(job: Job) -> Loaded:
+    """The reference's pipeline loader on a diffusers DiT under CPU offload (ZC-2b)."""
+    from reference.load.model_loaders import TransformerLoader
+    from reference.request.args import ServerArgs
+
+    args = ServerArgs(runtime_device=CPU, dit_cpu_offload=True, dit_precision=torch.bfloat16)
+    loaded = TransformerLoader().load(diffusers_transformer(job), args)
+    return from_report(loaded.module, loaded.report)
+
+
+def ddit_from_pretrained(job: Job) -> Loaded:
+    """diffusers' own `from_pretrained` of the same folder, in the same precision (bf16)."""
+    diffusers = importlib.import_module("diffusers")  # the [diffusers] extra; untyped
+    spec = diffusers_transformer(job)
+    cls = getattr(diffusers, spec.class_name)
+    module: nn.Module = cls.from_pretrained(str(spec.folder), torch_dtype=torch.bfloat16)
+    return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
+
+
+def vae_stream(job: Job, *, device: torch.device, reading: ReadOptions | None = None) -> Loaded:
+    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device, reading=reading)
+    return from_report(module, report)
+
+
+def full_state(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a file read into private memory: the "full CPU state dict".
+
+    safetensors >= 0.8 `load_file` returns views of a memory map by default; its "pread"
+    backend reads the bytes instead. Without that backend each tensor is cloned as it is taken.
+    """
+    from safetensors.torch import load_file
+
+    if "backend" in inspect.signature(load_file).parameters:
+        return load_file(path, backend="pread")
+    state = load_file(path)  # pragma: no cover - safetensors < 0.8
+    return {name: state.pop(name).clone() for name in list(state)}  # pragma: no cover
+
+
+def state_dict_load(job: Job, model: str, *, assign: bool, full: bool = False) -> Loaded:
+    """A state dict from safetensors, then `load_state_dict` (`assign` on a meta-built module).
+
+    `full` reads the whole state into private memory first (`full_state`); otherwise the state
+    dict is what `safetensors.torch.load_file` returns by default. The module is built without
+    initialisation (on meta, then `to_empty` unless `assign`), so only loading is timed.
+    """
+    from safetensors.torch import load_file
+
+    with torch.device("meta"):
+        module = getattr(job.shapes, model)()
+    if not assign:
+        module = module.to_empty(device=CPU)
+    path = job.checkpoint(model)
+    state = full_state(path) if full else load_file(path)
+    module.load_state_dict(state, assign=assign)
+    del state
+    return Loaded(module)
+
+
+def pinned_host(job: Job) -> torch.Tensor:
+    path = job.checkpoint("dit")
+    pinned = torch.empty(path.stat().st_size, dtype=torch.uint8, pin_memory=True)
+    view = memoryview((ctypes.c_char * pinned.nbytes).from_address(pinned.data_ptr())).cast("B")
+    with path.open("rb", buffering=0) as f:
+        f.readinto(view)
+    return pinned
+
+
+def pinned_h2d(job: Job, pinned: torch.Tensor) -> Loaded:
+    """The machine's host-to-device limit: one copy of the same bytes from pinned memory."""
+    device = torch.empty(pinned.nbytes, dtype=torch.uint8, device=CUDA)
+    device.copy_(pinned, non_blocking=True)
+    return Loaded(device)
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    """A measured path: its load, whether it needs CUDA, and its untimed setup."""
+
+    load: Callable[[Job, Any], Loaded]
+    model: str = "dit"  # whose checkpoint it reads: "dit", "vae" or "ddit" (diffusers DiT)
+    cuda: bool = False
+    library: str | None = None  # an optional library the path needs ("diffusers")
+    setup: Callable[[Job], Any] = lambda job: None
+    about: str = ""
+    caches: tuple[str, ...] = CACHES  # the page-cache states it is measured in
+    limit: bool = False  # a read limit: its bytes are the whole file's, and it competes for best
+
+
+def limit_paths() -> dict[str, PathSpec]:
+    """`readinto`, then `preadv_N` and `map_copy_N` for each N of `limits.thread_counts()`."""
+    specs = {
+        "readinto": PathSpec(
+            lambda job, _: Loaded(limits.readinto(job.checkpoint("dit"))),
+            about="limit: one readinto, fresh buffer",
+            limit=True,
+        )
+    }
+    for n in limits.thread_counts():
+        specs[f"preadv_{n}"] = PathSpec(
+            _threaded(limits.preadv, n),
+            about=f"limit: os.preadv on {_threads(n)}, a share each, fresh buffer",
+            limit=True,
+        )
+    for n in limits.thread_counts():
+        specs[f"map_copy_{n}"] = PathSpec(
+            _threaded(limits.map_copy, n),
+            about=f"limit: copy_ from a private map on {_threads(n)}, a share each, fresh buffer",
+            caches=("warm",),
+            limit=True,
+        )
+    return specs
+
+
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else f"{n} threads"
+
+
+def _threaded(
+    read: Callable[[Path, int], torch.Tensor], threads: int
+) -> Callable[[Job, Any], Loaded]:
+    def load(job: Job, _: Any) -> Loaded:
+        return Loaded(read(job.checkpoint("dit"), threads))
+
+    return load
+
+
+PATHS: dict[str, PathSpec] = {
+    "dit_zero_copy": PathSpec(
+        lambda job, _: dit(job, device=CPU), about="reference DiT, CPU offload (zero-copy)"
+    ),
+    "dit_zero_copy_prefetch": PathSpec(
+        lambda job, options: dit(job, device=CPU, reading=options),
+        setup=lambda job: prefetch_options(),
+        about="reference DiT, CPU offload (zero-copy), ReadOptions(prefetch=True)",
+    ),
+    "dit_copy": PathSpec(
+        lambda job, options: dit(job, device=CPU, adopt=False, reading=options),
+        setup=lambda job: ReadOptions(workers=0),
+        about="reference DiT, copy path (adoption disabled) from the file's map, workers=0",
+    ),
+    "dit_copy_pool": PathSpec(
+        lambda job, _: dit(job, device=CPU, adopt=False),
+        about="reference DiT, copy path through the reader pool (its default, ReadOptions())",
+    ),
+    "dit_copy_refused": PathSpec(
+        lambda job, _: refused_copy(job),
+        caches=("warm",),
+        about="reference DiT, copy path, half its bytes of host memory: refused",
+    ),
+    "dit_direct": PathSpec(
+        lambda job, _: dit(job, device=CUDA), cuda=True, about="reference DiT, direct to CUDA"
+    ),
+    "vae_stream": PathSpec(
+        lambda job, _: vae_stream(job, device=CPU),
+        model="vae",
+        about="reference VAE streaming to CPU",
+    ),
+    "vae_stream_pool": PathSpec(
+        lambda job, options: vae_stream(job, device=CPU, reading=options),
+        model="vae",
+        setup=lambda job: ReadOptions(),
+        about="reference VAE streaming to CPU through the reader pool, ReadOptions()",
+    ),
+    "vae_stream_cuda": PathSpec(
+        lambda job, _: vae_stream(job, device=CUDA),
+        model="vae",
+        cuda=True,
+        about="reference VAE streaming to CUDA",
+    ),
+    "vae_ordinary": PathSpec(
+        lambda job, _: state_dict_load(job, "vae", assign=False, full=True),
+        model="vae",
+        about="VAE the ordinary way: full CPU state dict (pread), then load_state_dict",
+    ),
+    "load_file": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=False),
+        about="DiT baseline: load_file + load_state_dict",
+    ),
+    "load_file_assign": PathSpec(
+        lambda job, _: state_dict_load(job, "dit", assign=True),
+        about="DiT baseline: load_file + load_state_dict(assign=True) on meta",
+    ),
+    "ddit_zero_copy": PathSpec(
+        lambda job, _: ddit_zero_copy(job),
+        model="ddit",
+        library="diffusers",
+        about="reference pipeline loader, diffusers Wan DiT, CPU offload (zero-copy)",
+    ),
+    "ddit_pretrained": PathSpec(
+        lambda job, _: ddit_from_pretrained(job),
+        model="ddit",
+        library="diffusers",
+        about="diffusers' from_pretrained of the same Wan DiT",
+    ),
+    **limit_paths(),
+    "pinned_h2d": PathSpec(
+        pinned_h2d,
+        cuda=True,
+        setup=pinned_host,
+        about="limit: pinned host-to-device copy",
+        caches=("warm",),  # it reads no file while timed
+    ),
+}
+
+
+def synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def start_cache(job: Job, files: tuple[Path, ...]) -> dict[str, Any]:
+    """Put `files` into the job's page-cache state; {"cached": fraction}, or {"skipped": why}
+    when a cold start was asked for and the pages could not be dropped."""
+    # A loaded module can sit in a reference cycle that holds a map of the file until the next
+    # collection (a warm-up's, or an earlier run's in the same process): mapped pages stay.
+    gc.collect()
+    if job.cache == "cold":
+        reason = make_cold(files)
+        if reason is not None:
+            return {"skipped": reason}
+    else:
+        make_warm(files)
+    return {"cached": cached_fraction(files)}
+
+
+def run(job: Job) -> dict[str, Any]:
+    """Measure one path once in this process; the result's fields are documented in bench.py."""
+    spec = PATHS[job.path]
+    if spec.cuda:
+        torch.empty(1, device=CUDA)  # the CUDA context is not part of any load
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)
+    torch.zeros(1 << 16).sum()  # start the CPU thread pool before the clock
+    if job.warmup is not None:
+        small = Job(job.path, job.warmup)
+        spec.load(small, spec.setup(small)).tensors()
+        synchronize(spec.cuda)
+    job.shapes  # noqa: B018 - read the shapes before the clock
+    state = spec.setup(job)
+    result: dict[str, Any] = {"path": job.path, "mode": job.mode, "cache": job.cache}
+    result |= start_cache(job, job.files(spec.model))
+    if "skipped" in result:
+        return result
+    device_start = 0
+    if spec.cuda:
+        torch.cuda.reset_peak_memory_stats(CUDA)
+        device_start = torch.cuda.memory_allocated(CUDA)
+    start = resident()
+    if job.mode == "memory":
+        with PeakSampler() as during_load:
+            loaded = spec.load(job, state)
+            synchronize(spec.cuda)
+        end = resident()
+        tensors = loaded.tensors()
+        with PeakSampler() as during_read:
+            read_all(tensors)
+            synchronize(spec.cuda)
+        result |= {
+            "anon_peak": during_load.peak.anon - start.anon,
+            "file_peak": during_load.peak.file - start.file,
+            "anon_end": end.anon - start.anon,
+            "file_end": end.file - start.file,
+            "anon_peak_read": max(during_load.peak.anon, during_read.peak.anon) - start.anon,
+            "file_peak_read": max(during_load.peak.file, during_read.peak.file) - start.file,
+        }
+        if spec.cuda:
+            result["device_peak"] = torch.cuda.max_memory_allocated(CUDA) - device_start
+    else:
+        cpu, began = time.process_time(), time.perf_counter()
+        loaded = spec.load(job, state)
+        synchronize(spec.cuda)
+        loaded_at, cpu_used = time.perf_counter(), time.process_time() - cpu
+        tensors = loaded.tensors()
+        read_began = time.perf_counter()
+        read_all(tensors)
+        synchronize(spec.cuda)
+        result |= {
+            "load_s": loaded_at - began,
+            # the load, then one read of every byte: for a lazily mapped state (adoption,
+            # load_file_assign) the time until every byte is resident in this process
+            "resident_s": loaded_at - began + time.perf_counter() - read_began,
+            "load_cpu_s": cpu_used,
+        }
+    total = sum(t.nbytes for t in tensors)
+    host = sum(t.nbytes for t in tensors if t.device.type == "cpu")
+    if loaded.mapped_from:
+        loaded.adopted = file_mapped_bytes(tensors, loaded.mapped_from)
+        loaded.copied = total - loaded.adopted
+    result |= {
+        "adopted": loaded.adopted,
+        "copied": total if loaded.copied is None else loaded.copied,
+        "streamed": loaded.streamed,
+        # the loaded state held in this process's private memory (adopted bytes are the file's)
+        "host_anon_bytes": host - loaded.adopted,
+    }
+    return result

@@ -1,0 +1,224 @@
+"""The benchmark's ratios: the figures its performance claims rest on, with their targets.
+
+Each ratio is read off one size's medians (`reference.programs.bench.command.measure_size`), each
+figure of one (path, cache) pair: a cache state is "warm" or "cold", and `best_read` is the fastest
+read limit of that state. A ratio whose (path, cache) was skipped (no CUDA, pages that could not be
+dropped) or not measured (`--cache`) is reported as skipped, with the reason; a ratio without a
+target is shown for comparison ("info").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RATIOS", "Ratio", "compute_ratios", "missing"]
+
+Figures = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A named ratio, its target, and how it is read off the figures.
+
+    `needs` names the (path, cache) pairs it reads.
+    """
+
+    name: str
+    op: str  # "<=", ">=", or "" for a figure shown without a target
+    target: Callable[[Figures], float] | None
+    value: Callable[[Figures], float]
+    needs: tuple[tuple[str, str], ...]
+
+
+def _fig(size: Figures, path: str, cache: str, key: str) -> float:
+    return float(size["paths"][path][cache][key])
+
+
+def _rate(size: Figures, path: str, cache: str) -> float:
+    return float(size["paths"][path]["bytes"]) / _fig(size, path, cache, "load_s")
+
+
+def _overhead(size: Figures, path: str) -> float:
+    extra = _fig(size, path, "warm", "anon_peak") - _fig(size, path, "warm", "host_anon_bytes")
+    return extra / float(size["vae"]["largest_tensor_bytes"])
+
+
+def _resident_over_read(size: Figures, path: str, cache: str) -> float:
+    """The path's time until every byte is resident over the best read of as many bytes."""
+    best_time = float(size["paths"][path]["bytes"]) / _rate(size, "best_read", cache)
+    return _fig(size, path, cache, "resident_s") / best_time
+
+
+RATIOS = (
+    Ratio(
+        "zero_copy_anon_over_checkpoint",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "dit_zero_copy", "warm", "anon_peak") / s["dit"]["bytes"],
+        (("dit_zero_copy", "warm"),),
+    ),
+    Ratio(
+        "zero_copy_time_over_copy_time",
+        "<=",
+        lambda s: 0.05,
+        lambda s: (
+            _fig(s, "dit_zero_copy", "warm", "load_s") / _fig(s, "dit_copy_pool", "warm", "load_s")
+        ),
+        (("dit_zero_copy", "warm"), ("dit_copy_pool", "warm")),
+    ),
+    Ratio(
+        "cold_copy_throughput_over_best_cold_read",
+        ">=",
+        lambda s: 0.9,
+        lambda s: _rate(s, "dit_copy_pool", "cold") / _rate(s, "best_read", "cold"),
+        (("dit_copy_pool", "cold"), ("best_read", "cold")),
+    ),
+    Ratio(
+        "warm_copy_throughput_over_best_warm_read",
+        ">=",
+        lambda s: 0.9,
+        lambda s: _rate(s, "dit_copy_pool", "warm") / _rate(s, "best_read", "warm"),
+        (("dit_copy_pool", "warm"), ("best_read", "warm")),
+    ),
+    Ratio(
+        "cold_map_copy_throughput_over_best_cold_read",
+        "",
+        None,
+        lambda s: _rate(s, "dit_copy", "cold") / _rate(s, "best_read", "cold"),
+        (("dit_copy", "cold"), ("best_read", "cold")),
+    ),
+    Ratio(
+        "warm_map_copy_throughput_over_best_warm_read",
+        "",
+        None,
+        lambda s: _rate(s, "dit_copy", "warm") / _rate(s, "best_read", "warm"),
+        (("dit_copy", "warm"), ("best_read", "warm")),
+    ),
+    Ratio(
+        "copy_throughput_over_readinto",
+        "",
+        None,
+        lambda s: _rate(s, "dit_copy_pool", "warm") / _rate(s, "readinto", "warm"),
+        (("dit_copy_pool", "warm"), ("readinto", "warm")),
+    ),
+    Ratio(
+        "cold_zero_copy_resident_over_best_cold_read_time",
+        "<=",
+        lambda s: 1.1,
+        lambda s: _resident_over_read(s, "dit_zero_copy_prefetch", "cold"),
+        (("dit_zero_copy_prefetch", "cold"), ("best_read", "cold")),
+    ),
+    Ratio(
+        "cold_no_prefetch_resident_over_best_cold_read_time",
+        "",
+        None,
+        lambda s: _resident_over_read(s, "dit_zero_copy", "cold"),
+        (("dit_zero_copy", "cold"), ("best_read", "cold")),
+    ),
+    Ratio(
+        "vae_stream_overhead_over_largest_tensor",
+        "<=",
+        lambda s: 1.5,
+        lambda s: _overhead(s, "vae_stream"),
+        (("vae_stream", "warm"),),
+    ),
+    Ratio(
+        "vae_pool_overhead_over_largest_tensor",
+        "<=",
+        lambda s: s["vae_tensors_in_flight"] + 0.5,
+        lambda s: _overhead(s, "vae_stream_pool"),
+        (("vae_stream_pool", "warm"),),
+    ),
+    Ratio(
+        "vae_ordinary_overhead_over_largest_tensor",
+        "",
+        None,
+        lambda s: _overhead(s, "vae_ordinary"),
+        (("vae_ordinary", "warm"),),
+    ),
+    Ratio(
+        "copy_path_refused_above_available_memory",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "dit_copy_refused", "warm", "anon_peak") / s["dit"]["bytes"],
+        (("dit_copy_refused", "warm"),),
+    ),
+    Ratio(
+        "diffusers_zero_copy_anon_over_checkpoint",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "ddit_zero_copy", "warm", "anon_peak") / s["ddit"]["bytes"],
+        (("ddit_zero_copy", "warm"),),
+    ),
+    Ratio(
+        "diffusers_offload_time_over_from_pretrained",
+        "<=",
+        lambda s: 1.0,
+        lambda s: (
+            _fig(s, "ddit_zero_copy", "warm", "load_s")
+            / _fig(s, "ddit_pretrained", "warm", "load_s")
+        ),
+        (("ddit_zero_copy", "warm"), ("ddit_pretrained", "warm")),
+    ),
+    Ratio(
+        "from_pretrained_anon_over_checkpoint",
+        "",
+        None,
+        lambda s: _fig(s, "ddit_pretrained", "warm", "anon_peak") / s["ddit"]["bytes"],
+        (("ddit_pretrained", "warm"),),
+    ),
+    Ratio(
+        "direct_dit_peak_device_over_model",
+        "<=",
+        lambda s: 1.0 + s["dit"]["largest_tensor_bytes"] / s["dit"]["bytes"],
+        lambda s: _fig(s, "dit_direct", "warm", "device_peak") / s["dit"]["bytes"],
+        (("dit_direct", "warm"),),
+    ),
+    Ratio(
+        "h2d_throughput_over_pinned_copy",
+        ">=",
+        lambda s: 0.7,
+        lambda s: _rate(s, "dit_direct", "warm") / _rate(s, "pinned_h2d", "warm"),
+        (("dit_direct", "warm"), ("pinned_h2d", "warm")),
+    ),
+)
+
+
+def missing(size: Figures, path: str, cache: str) -> str | None:
+    """Why the figures of (path, cache) are not there, or None."""
+    row = size["paths"][path]
+    if "skipped" in row:
+        return f"{path}: {row['skipped']}"
+    if cache not in row:
+        return f"{path} {cache}: not measured in this run"
+    if "skipped" in row[cache]:
+        return f"{path} {cache}: {row[cache]['skipped']}"
+    return None
+
+
+def compute_ratios(size: Figures) -> dict[str, dict[str, Any]]:
+    """Each ratio's value, target and verdict ("pass", "miss", "info" or "skipped")."""
+    out: dict[str, dict[str, Any]] = {}
+    for ratio in RATIOS:
+        reasons = [missing(size, path, cache) for path, cache in ratio.needs]
+        reason = next((r for r in reasons if r is not None), None)
+        if reason is not None:
+            out[ratio.name] = {"value": None, "target": None, "op": ratio.op, "pass": None}
+            out[ratio.name] |= {"status": "skipped", "reason": reason}
+            continue
+        value = ratio.value(size)
+        target = ratio.target(size) if ratio.target else None
+        passed = None
+        if target is not None:
+            passed = value <= target if ratio.op == "<=" else value >= target
+        status = "info" if passed is None else ("pass" if passed else "miss")
+        out[ratio.name] = {
+            "value": value,
+            "target": target,
+            "op": ratio.op,
+            "pass": passed,
+            "status": status,
+        }
+    return out
