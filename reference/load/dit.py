@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from reference.place.adopt import (
     load_full_state,
     zero_copy_verdict,
 )
+from reference.place.build import build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.host_memory import (
     COPY_FIX,
@@ -35,12 +36,12 @@ from reference.place.host_memory import (
     refuse_beyond_host,
 )
 from reference.place.modules import (
-    build_on_meta,
     find_slots,
     rebuild_non_persistent_buffers,
     refuse_unrebuildable_buffers,
 )
-from reference.place.postload import effective_plan, offload_to_cpu, process_weights
+from reference.place.postload import offload_to_cpu, process_weights
+from reference.place.records import TensorRecord
 from reference.read.checkpoint import (
     Checkpoint,
     TensorInfo,
@@ -49,18 +50,23 @@ from reference.read.checkpoint import (
     skipped_notes,
 )
 from reference.read.pool import PooledReader
-from reference.read.reading import ReadOptions, pool_options, prefetch_workers
+from reference.read.reading import InOrder, ReadOptions, pool_options, prefetch_workers
 from reference.report.summary import LoadReport
-from reference.request.plan import WeightLoadPlan
+from reference.request.plan import WeightLoadPlan, effective_plan
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [
+    "DIT_DEFAULTS",
     "REFERENCE_DIT_STEPS",
+    "DiTOptions",
     "DiTSteps",
     "build_dit",
     "check_names",
     "dit_reader",
+    "finish",
+    "host_room",
     "load_dit",
+    "place_tensors",
 ]
 
 
@@ -93,7 +99,7 @@ def build_dit(
     dtype: torch.dtype | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> nn.Module:
-    """Construct the DiT as the VAE is constructed (reference.place.modules.build_on_meta):
+    """Construct the DiT as the VAE is constructed (reference.place.build.build_on_meta):
     parameters and persistent buffers go to `meta` as they are registered, while non-persistent
     buffers (rotary tables, index ranges) are computed for real on the default device, as an
     ordinary construction computes them; the load moves them to its device afterwards
@@ -168,40 +174,10 @@ def dit_reader(
         )
 
     try:
-        return PooledReader(checkpoint, pool, pooled=kept, buffers_kept=True)
+        pooled = {info.name for info in checkpoint.tensors.values() if kept(info)}
     finally:
         probe.close()
-
-
-def own_memory_check(
-    module: nn.Module,
-    adopt: AdoptSteps,
-    *,
-    kinds: LinearKinds,
-    device: torch.device,
-    direct: bool,
-) -> Callable[[str, torch.Tensor], bool]:
-    """Whether a tensor read as a view of the file's map must first get memory of its own.
-
-    PLAN-3: direct mode onto the CPU adopts fresh host memory, never the file's map, so a view
-    the zero-copy verdict would adopt is copied once before it is adopted. Every other load
-    (and every tensor the verdict copies anyway) is left as read.
-    """
-    if not (direct and device.type == "cpu"):
-        return lambda name, tensor: False
-    slots = find_slots(module).by_name
-
-    def needed(name: str, tensor: torch.Tensor) -> bool:
-        slot = slots.get(name)
-        return (
-            slot is not None
-            and slot.is_parameter
-            and adopt.verdict(
-                slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=device
-            ).adopt
-        )
-
-    return needed
+    return PooledReader(checkpoint, pool, pooled=pooled, buffers_kept=True)
 
 
 @dataclass(frozen=True)
@@ -210,7 +186,7 @@ class DiTSteps:
     adoption steps, the tensor reader, the name check before reading, weight processing and the
     deferred offload. A loader that differs in one step passes its own (`Platform`'s way).
 
-    `reader` None is the reference's choice (`dit_reader`, tuned by `load_dit`'s `reading`); a
+    `reader` None is the reference's choice (`dit_reader`, tuned by `DiTOptions.reading`); a
     reader given here reads every load, whatever `reading` says."""
 
     adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
@@ -223,6 +199,37 @@ class DiTSteps:
 REFERENCE_DIT_STEPS = DiTSteps()
 
 
+@dataclass(frozen=True)
+class DiTOptions:
+    """How a DiT load runs, apart from what it loads: the benchmark's knobs and the steps.
+
+    Attributes:
+        adopt: False copies every tensor, eligible or not (the benchmark's copy path).
+        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the
+            default: the copy path onto the CPU (adopt=False) reads through the reader pool with
+            `ReadOptions()`, every other load reads views of the file's map, without prefetch.
+            Given options (`workers` of 1 or more) send the loads that copy every tensor
+            (adopt=False, direct mode) through the pool, whose buffers become the copied
+            tensors where no conversion is involved and the layer has no `weight_loader` or a
+            standard one at TP=1 (see `dit_reader`); `workers=0` reads every load from the map;
+            `prefetch` populates a zero-copy load's maps in the background (the load does not
+            wait for it).
+        host_bytes: the host memory the load may take (default: what the host has available,
+            `reference.place.host_memory.available_host_bytes`). A load onto the CPU that would
+            copy more than this is refused before it allocates: with `adopt=False` from the
+            headers, before the build; otherwise at the copy that would pass it.
+        steps: the steps of the load (see `DiTSteps`); the reference's by default.
+    """
+
+    adopt: bool = True
+    reading: ReadOptions | None = None
+    host_bytes: int | None = None
+    steps: DiTSteps = REFERENCE_DIT_STEPS
+
+
+DIT_DEFAULTS = DiTOptions()
+
+
 def load_dit(
     build: Callable[[], nn.Module],
     checkpoint: str | os.PathLike[str],
@@ -232,11 +239,8 @@ def load_dit(
     quantization: QuantizationSpec | None = None,
     fsdp: bool = False,
     component: str = "transformer",
-    adopt: bool = True,
-    reading: ReadOptions | None = None,
-    steps: DiTSteps = REFERENCE_DIT_STEPS,
-    host_bytes: int | None = None,
     dtype: torch.dtype | None = None,
+    options: DiTOptions = DIT_DEFAULTS,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a DiT component as `plan` says and report what happened to each tensor.
 
@@ -257,25 +261,11 @@ def load_dit(
         quantization: the requested quantization, if any (it is never silently dropped).
         fsdp: FSDP inference is on (FSDP itself is not done here).
         component: the component's name, for messages and the report.
-        adopt: False copies every tensor, eligible or not (the benchmark's copy path).
-        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the default:
-            the copy path onto the CPU (adopt=False) reads through the reader pool with
-            `ReadOptions()`, every other load reads views of the file's map, without prefetch.
-            Given options (`workers` of 1 or more) send the loads that copy every tensor
-            (adopt=False, direct mode) through the pool, whose buffers become the copied
-            tensors where no conversion is involved and the layer has no `weight_loader` or a
-            standard one at TP=1 (see `dit_reader`); `workers=0` reads every load from the map;
-            `prefetch` populates a zero-copy load's maps in the background (the load does not
-            wait for it).
-        steps: the steps of the load (see `DiTSteps`); the reference's by default.
         dtype: the component's precision (PREC-1): its slots are given this dtype on meta,
             before any tensor is read, except modules the class keeps in fp32 and integer or
-            float8 slots (PREC-2, `reference.request.precision.cast_slots`); a checkpoint tensor of
+            float8 slots (PREC-2, `reference.place.cast.cast_slots`); a checkpoint tensor of
             another dtype is converted once (PREC-4). None keeps the dtypes the build gives.
-        host_bytes: the host memory the load may take (default: what the host has available,
-            `reference.place.host_memory.available_host_bytes`). A load onto the CPU that would copy
-            more than this is refused before it allocates: with `adopt=False` from the headers,
-            before the build; otherwise at the copy that would pass it.
+        options: how the load runs (`DiTOptions`: adoption, reading, host memory, steps).
 
     Returns:
         The loaded module (in eval mode) and its load report.
@@ -284,88 +274,137 @@ def load_dit(
         CheckpointError: the checkpoint is malformed.
         StateMismatchError: checkpoint and model disagree (names before any read; shapes).
         QuantizationLoadError: quantization was requested and could not be applied (FP8-5).
-        HostMemoryError: the copies onto the CPU would not fit in `host_bytes`.
+        HostMemoryError: the copies onto the CPU would not fit in `options.host_bytes`.
     """
     started = time.perf_counter()
     plan = effective_plan(plan, fsdp=fsdp, component=component)
     opened = open_checkpoint(checkpoint)
-    device = plan.checkpoint_load_device
-    if device.type == "cpu":
-        host_bytes = available_host_bytes() if host_bytes is None else host_bytes
-        if not adopt:
-            what = "copying every tensor"
-            refuse_beyond_host(
-                component, opened.total_bytes, available=host_bytes, what=what, fix=COPY_FIX
-            )
+    host_bytes = host_room(opened, plan.checkpoint_load_device, options, component=component)
     module = build_dit(build, component=component, dtype=dtype, checkpoint=opened)
-    steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
+    options.steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
+    records = place_tensors(
+        module,
+        opened,
+        plan=plan,
+        kinds=kinds,
+        options=options,
+        host_bytes=host_bytes,
+        component=component,
+    )
+    events = finish(
+        module, plan, quantization=quantization, kinds=kinds, options=options, component=component
+    )
+    report = LoadReport(
+        component=component,
+        plan=plan,
+        records=records,
+        seconds=time.perf_counter() - started,
+        events=events,
+        notes=skipped_notes(opened.skipped),
+        precision=dtype,
+    )
+    # In eval mode, as diffusers' from_pretrained returns a model.
+    return module.eval(), report
+
+
+def host_room(
+    opened: Checkpoint, device: torch.device, options: DiTOptions, *, component: str
+) -> int | None:
+    """The host memory a load onto the CPU may take (None for a load elsewhere). The copy path
+    (adopt=False) copies every tensor, so it is refused here, from the headers, before the
+    build, when the checkpoint alone would not fit.
+
+    Raises:
+        HostMemoryError: the copy path's checkpoint would not fit.
+    """
+    if device.type != "cpu":
+        return None
+    room = available_host_bytes() if options.host_bytes is None else options.host_bytes
+    if not options.adopt:
+        what = "copying every tensor"
+        refuse_beyond_host(component, opened.total_bytes, available=room, what=what, fix=COPY_FIX)
+    return room
+
+
+def place_tensors(
+    module: nn.Module,
+    opened: Checkpoint,
+    *,
+    plan: WeightLoadPlan,
+    kinds: LinearKinds,
+    options: DiTOptions,
+    host_bytes: int | None,
+    component: str,
+) -> tuple[TensorRecord, ...]:
+    """Read every tensor onto the plan's load device and give it its slot (adopted or copied:
+    `reference.place.adopt.load_full_state`). A mismatch found while a tensor was in hand names
+    that tensor's file.
+
+    Raises:
+        StateMismatchError: a tensor and its slot disagree.
+        HostMemoryError: a copy would pass `host_bytes`.
+    """
+    device = plan.checkpoint_load_device
     direct = plan.load_full_state_dict_on_device
+    steps = options.steps
     if steps.reader is not None:
         reader = steps.reader(opened)
     else:
+        copies_every_tensor = direct or not options.adopt
         reader = dit_reader(
             opened,
             module,
-            reading=reading,
-            copies_every_tensor=direct or not adopt,
+            reading=options.reading,
+            copies_every_tensor=copies_every_tensor,
             device=device,
             kinds=kinds,
         )
-    in_flight: list[str] = []  # the tensor being loaded, so a mismatch can name its file
-    fresh = set(reader.fresh_names)
-    own_memory = own_memory_check(module, steps.adopt, kinds=kinds, device=device, direct=direct)
-
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for name in reader:
-            in_flight[:] = [name]
-            tensor = reader.read(name, device=device)
-            if name not in fresh and own_memory(name, tensor):
-                tensor = tensor.clone()
-                fresh.add(name)
-            yield name, tensor
-        in_flight.clear()
-
-    failure: StateMismatchError | None = None
+    tensors = InOrder(reader, device=device)
     try:
-        records = load_full_state(
+        return load_full_state(
             module,
-            tensors(),
+            tensors,
             load_device=device,
             kinds=kinds,
             direct=direct,
-            adopt=adopt,
-            fresh=fresh,
+            adopt=options.adopt,
+            fresh=set(reader.fresh_names),
             steps=steps.adopt,
-            host_bytes=host_bytes if device.type == "cpu" else None,
+            host_bytes=host_bytes,
             component=component,
+            map_views=True,
         )
     except StateMismatchError as exc:
-        if not in_flight:
+        if tensors.current is None:
             raise
-        file = opened.tensors[in_flight[0]].file
+        file = opened.tensors[tensors.current].file
         failure = StateMismatchError(f"{exc} (tensor of {shown(file)})")
         # The weight_loader's assertion stays the cause; `exc` is not chained, since its
         # traceback holds the half-loaded module (CKPT-5: nothing of a failed load survives).
         failure.__cause__ = exc.__cause__
     finally:
         reader.close()
-    if failure is not None:
-        raise failure
+    raise failure
+
+
+def finish(
+    module: nn.Module,
+    plan: WeightLoadPlan,
+    *,
+    quantization: QuantizationSpec | None,
+    kinds: LinearKinds,
+    options: DiTOptions,
+    component: str,
+) -> tuple[str, ...]:
+    """After the tensors are in: non-persistent buffers onto the load device, weight processing
+    (FP8-2/3), then the deferred offload (FP8-2, FP8-6). Returns the events, in order."""
     events = ["load"]
+    device = plan.checkpoint_load_device
     rebuild_non_persistent_buffers(module, device=device, component=component)
+    steps = options.steps
     if steps.process(module, quantization=quantization, kinds=kinds, component=component):
         events.append("process")
     if plan.defer_cpu_offload:
         steps.offload(module)
         events.append("offload")
-    report = LoadReport(
-        component=component,
-        plan=plan,
-        records=records,
-        seconds=time.perf_counter() - started,
-        events=tuple(events),
-        notes=skipped_notes(opened.skipped),
-        precision=dtype,
-    )
-    # In eval mode, as diffusers' from_pretrained returns a model.
-    return module.eval(), report
+    return tuple(events)

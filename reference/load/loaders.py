@@ -18,6 +18,8 @@ A loader class declares its direct-GPU support once (`direct_support`); the load
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -27,30 +29,20 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from reference.errors import (
-    LISTED,
-    CheckpointError,
-    ComponentLoadError,
-    LoadError,
-    StateMismatchError,
-    listed,
-    shown,
-)
-from reference.place.cast import cast_slots
-from reference.place.host_memory import allocation_guard, construction_guard
+from reference.errors import ComponentCheckpointUnsupportedError, ComponentLoadError, LoadError
+from reference.load.dit import load_dit
+from reference.load.ordinary import load_ordinarily
+from reference.load.vae import load_vae
+from reference.place import diffusers_models
+from reference.place.adopt import LinearKinds
+from reference.place.build import build_module
 from reference.place.records import TensorRecord
-from reference.read.checkpoint import (
-    Checkpoint,
-    TensorReader,
-    hidden_files,
-    open_checkpoint,
-    skipped_notes,
-)
+from reference.read import preflight
+from reference.read.checkpoint import hidden_files, open_checkpoint, skipped_notes
 from reference.report.summary import LoadReport
 from reference.request.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
-from reference.request.args import ServerArgs
+from reference.request.args import QUANTIZATION_FLAG, ServerArgs
 from reference.request.model_index import (
-    CONFIG,
     ComponentSpec,
     ModelRegistry,
     is_transformer_component,
@@ -65,13 +57,16 @@ __all__ = [
     "VAE_DIRECT_SUPPORT",
     "VOCODER_DIRECT_SUPPORT",
     "ComponentLoader",
+    "DiTModel",
     "LoadRequest",
     "LoadedComponent",
+    "TransformerLoader",
+    "VAELoader",
     "VocoderLoader",
-    "build_module",
-    "load_ordinarily",
-    "load_state_ordinarily",
+    "check_direct_memory",
     "loader_kind",
+    "ordinarily",
+    "takes_quantization",
 ]
 
 # Declared support per loader kind (ADM-3). Loader classes point at these same values.
@@ -272,99 +267,31 @@ class ComponentLoader(ABC):
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         """Load the component as `request` says. Returns the module and one record per tensor."""
 
+    def registered_builder(self, spec: ComponentSpec, **extra: object) -> Callable[[], nn.Module]:
+        """A zero-argument build of the component's registered class from its config.json (and
+        `extra`); the class resolves now.
 
-def build_module(registry: ModelRegistry, spec: ComponentSpec) -> nn.Module:
-    """Construct the component's model class from its config.json.
-
-    Raises:
-        CheckpointError: when the class is not registered or the config does not fit it.
-        HostMemoryError: when constructing it would take more host memory than is available.
-    """
-    cls = registry.resolve(spec.class_name, component=spec)
-    try:
-        with allocation_guard(spec.name, config=spec.init_kwargs):
-            return cls(**spec.init_kwargs)
-    except TypeError as exc:
-        raise CheckpointError(
-            str(spec.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"
-        ) from None
+        Raises:
+            CheckpointError: the class is not registered.
+        """
+        cls = self.registry.resolve(spec.class_name, component=spec)
+        return functools.partial(build_module, cls, spec, **extra)
 
 
-def _names(names: list[str]) -> str:
-    return f"[{listed(names)}]" if names else "none"
-
-
-def load_state_ordinarily(
-    module: nn.Module, component: ComponentSpec, device: torch.device, checkpoint: Checkpoint
-) -> list[TensorRecord]:
-    """The ordinary path: read each tensor onto `device` and copy it into the module's state.
-
-    Names and shapes are checked against the headers before any tensor data is read, so a
-    failure of torch's own copy afterwards is not a mismatch (the caller wraps it).
-
-    Raises:
-        CheckpointError: for unreadable weights.
-        StateMismatchError: listing missing and unexpected names, or each wrong shape.
-    """
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(checkpoint.tensors))
-    unexpected = sorted(set(checkpoint.tensors) - set(expected))
-    wrong = [
-        f"'{shown(name)}' is {list(info.shape)} in {shown(info.file.name)}, the module expects"
-        f" {list(expected[name].shape)}"
-        for name, info in sorted(checkpoint.tensors.items())
-        if name in expected and info.shape != tuple(expected[name].shape)
-    ]
-    if missing or unexpected or wrong:
-        more = f" and {len(wrong) - LISTED} more" if len(wrong) > LISTED else ""
-        raise StateMismatchError(
-            f"component {component.name!r}: checkpoint in {shown(component.folder)} does not"
-            f" match {type(module).__name__}; missing: {_names(missing)}; unexpected:"
-            f" {_names(unexpected)}; wrong shapes:"
-            f" {'; '.join(wrong[:LISTED]) + more or 'none'}"
-        )
-    reader = TensorReader(checkpoint)
-    try:
-        state = {name: reader.read(name, device=device) for name in reader}
-        module.load_state_dict(state, strict=True)
-    finally:
-        reader.close()
-    return [
-        TensorRecord(
-            name,
-            "copied",
-            expected[name].numel() * expected[name].element_size(),
-            converted_from=t.dtype if t.dtype != expected[name].dtype else None,
-            dtype=expected[name].dtype,
-        )
-        for name, t in state.items()
-    ]
-
-
-def load_ordinarily(
-    registry: ModelRegistry,
-    request: LoadRequest,
-    *,
-    build: Callable[[], nn.Module] | None = None,
+def ordinarily(
+    request: LoadRequest, *, build: Callable[[], nn.Module]
 ) -> tuple[nn.Module, list[TensorRecord]]:
-    """Build the module (with `build`, else the registry's class from config.json), copy its
-    checkpoint into it on the plan's device, then place it: on CPU when the component is
-    offloaded, else on the runtime device. No direct-loading feature is involved (ADM-6).
-
-    The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
-    parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path)."""
+    """`reference.load.ordinary.load_ordinarily` as `request` decided it: the plan's load
+    device, then CPU when the component is offloaded, else the runtime device."""
     spec = request.component
-    checkpoint = open_checkpoint(spec.folder)
-    # The build may take no more host memory than its checkpoint explains: weights within
-    # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
-    with construction_guard(
-        spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=True, config=spec.init_kwargs
-    ):
-        module = build_module(registry, spec) if build is None else build()
-    cast_slots(module, request.dtype)  # PREC-1, PREC-2: the real slots, converted before loading
-    records = load_state_ordinarily(module, spec, request.plan.checkpoint_load_device, checkpoint)
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
-    return module.to(target).eval(), records
+    return load_ordinarily(
+        spec,
+        build=build,
+        dtype=request.dtype,
+        device=request.plan.checkpoint_load_device,
+        target=target,
+    )
 
 
 class VocoderLoader(ComponentLoader):
@@ -374,4 +301,178 @@ class VocoderLoader(ComponentLoader):
     direct_support = VOCODER_DIRECT_SUPPORT
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
-        return load_ordinarily(self.registry, request)
+        return ordinarily(request, build=self.registered_builder(request.component))
+
+
+def check_direct_memory(request: LoadRequest, platform: Platform) -> None:
+    """DG-6 for an admitted direct request: the headers' bytes must fit the device."""
+    spec = request.component
+    preflight.check_device_memory(
+        open_checkpoint(spec.folder),
+        component=spec.name,
+        device=request.plan.checkpoint_load_device,
+        platform=platform,
+    )
+
+
+def takes_quantization(cls: type[nn.Module]) -> bool:
+    """Whether `cls(...)` accepts a `quantization=` keyword (named, or through `**kwargs`)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: do not guess
+        return False
+    return any(
+        p.name == "quantization" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
+
+
+@dataclass(frozen=True)
+class DiTModel:
+    """How to build one DiT component: its class, a zero-argument factory, its linear kinds."""
+
+    cls: type[nn.Module]
+    construct: Callable[[], nn.Module]
+    kinds: LinearKinds
+    library: str
+
+
+class TransformerLoader(ComponentLoader):
+    """Loads DiT components (`transformer`, `transformer_2`, ...) through the full-state path.
+
+    The class comes from diffusers' transformer package when model_index.json names the
+    `diffusers` library (reference.place.diffusers_models), else from the registry. A class whose
+    constructor takes `quantization=` is built with the quantization in force, so its layers get
+    the matching quant methods; a quantization for a class that takes none is refused before any
+    file is opened (FP8-5: never an unquantized model in its place). The serving stack's
+    standard linear classes, which decide zero-copy adoption (ZC-3, ZC-4), come from `kinds`, or
+    the class's own `linear_kinds` attribute; a class that declares none is plain torch, whose
+    parameters are judged by ZC-2b.
+    """
+
+    kind = "transformer"
+    direct_support: ClassVar[DirectSupport] = TRANSFORMER_DIRECT_SUPPORT
+
+    def __init__(
+        self,
+        *,
+        registry: ModelRegistry | None = None,
+        platform: Platform = SYSTEM,
+        kinds: LinearKinds | None = None,
+    ) -> None:
+        super().__init__(registry=registry, platform=platform)
+        self.kinds = kinds
+
+    def quantization_for(
+        self, component: ComponentSpec, args: ServerArgs
+    ) -> QuantizationSpec | None:
+        """A requested quantization wins; else the one the checkpoint's config declares."""
+        return args.quantization or component.quantization
+
+    def model_for(self, spec: ComponentSpec) -> DiTModel:
+        """Resolve the component's class (no file is opened).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        if spec.library == diffusers_models.LIBRARY:
+            cls = diffusers_models.resolve_dit_class(spec)
+            construct = diffusers_models.model_builder(spec, cls)
+            return DiTModel(cls, construct, diffusers_models.PLAIN_TORCH_KINDS, spec.library)
+        cls = self.registry.resolve(spec.class_name, component=spec)
+        declared = self.kinds or getattr(cls, "linear_kinds", None)
+        kinds = (
+            declared if isinstance(declared, LinearKinds) else diffusers_models.PLAIN_TORCH_KINDS
+        )
+        return DiTModel(cls, self.registered_builder(spec), kinds, spec.library)
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """The class resolves, and takes the quantization in force if there is one.
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+            ComponentCheckpointUnsupportedError: quantization for a class that takes none.
+        """
+        model = self.model_for(component)
+        quantization = self.quantization_for(component, args)
+        if quantization is None or takes_quantization(model.cls):
+            return
+        if args.quantization is not None:
+            source, fix = f"{QUANTIZATION_FLAG} {quantization.method}", f"Drop {QUANTIZATION_FLAG}"
+        else:
+            source = f"quantization {quantization.method!r} declared in its config.json"
+            fix = "Use a checkpoint without quantization_config"
+        raise ComponentCheckpointUnsupportedError(
+            f"component {component.name!r}: {source} cannot be applied to"
+            f" {model.library}.{model.cls.__name__}: its constructor takes no quantization= and"
+            " its layers are plain torch.nn.Linear with no quant method to process the weights"
+            " after loading, and the reference never returns an unquantized model instead."
+            f" {fix}, or load a class built with quantized linear layers"
+        )
+
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+        spec = request.component
+        if request.direct:
+            check_direct_memory(request, self.platform)
+        model = self.model_for(spec)
+        construct = model.construct
+        if takes_quantization(model.cls):
+            construct = functools.partial(
+                build_module, model.cls, spec, quantization=request.quantization
+            )
+        module, report = load_dit(
+            construct,
+            spec.folder,
+            plan=request.plan,
+            kinds=model.kinds,
+            quantization=request.quantization,
+            fsdp=request.fsdp,
+            component=spec.name,
+            dtype=request.dtype,
+        )
+        return module, list(report.records)  # load_dit returns it in eval mode
+
+
+class VAELoader(ComponentLoader):
+    """Loads `vae`, `video_vae` and `audio_vae`: streamed when a direct request for `vae` or
+    `video_vae` was admitted, else the ordinary way. A component whose model_index.json entry
+    names the `diffusers` library is built from diffusers' own VAE class (see
+    reference.place.diffusers_models); any other from the registry."""
+
+    kind = "vae"
+    direct_support: ClassVar[DirectSupport] = VAE_DIRECT_SUPPORT
+
+    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the component's model class now; return a `build()` from its config.json.
+
+        Raises:
+            CheckpointError: the class cannot be resolved (unregistered, not a diffusers VAE
+                class, or diffusers not installed).
+        """
+        if spec.library == diffusers_models.LIBRARY:
+            return diffusers_models.vae_builder(spec)
+        return self.registered_builder(spec)
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """The class resolves (a diffusers VAE class, or a registered one).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        self.model_builder(component)
+
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+        spec = request.component
+        build = self.model_builder(spec)
+        if not request.direct:
+            return ordinarily(request, build=build)
+        check_direct_memory(request, self.platform)
+        module, report = load_vae(
+            build,
+            spec.folder,
+            device=request.args.device,
+            component=spec.name,
+            config=spec.config,
+            quantization=request.quantization,
+            dtype=request.dtype,
+        )
+        return module, list(report.records)  # load_vae returns it in eval mode

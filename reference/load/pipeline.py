@@ -14,8 +14,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from reference.errors import LoadError
-from reference.load.loaders import ComponentLoader, LoadedComponent, VocoderLoader, loader_kind
-from reference.load.model_loaders import TransformerLoader, VAELoader
+from reference.load.loaders import (
+    ComponentLoader,
+    LoadedComponent,
+    TransformerLoader,
+    VAELoader,
+    VocoderLoader,
+    loader_kind,
+)
 from reference.request.admission import admit
 from reference.request.args import ServerArgs
 from reference.request.model_index import ModelRegistry, Pipeline, read_pipeline

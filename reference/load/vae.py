@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from reference.errors import ComponentCheckpointUnsupportedError
+from reference.place.build import build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.host_memory import (
     available_host_bytes,
@@ -41,7 +42,6 @@ from reference.place.host_memory import (
 )
 from reference.place.modules import (
     Slot,
-    build_on_meta,
     rebuild_non_persistent_buffers,
     refuse_unrebuildable_buffers,
 )
@@ -56,7 +56,6 @@ from reference.place.vae_postload import (
 from reference.read.checkpoint import (
     Checkpoint,
     StreamingReader,
-    TensorInfo,
     TensorReader,
     open_checkpoint,
     skipped_notes,
@@ -70,6 +69,8 @@ from reference.request.quantization import QuantizationSpec
 __all__ = [
     "QUANTIZATION_KEYS",
     "REFERENCE_VAE_STEPS",
+    "VAE_DEFAULTS",
+    "VAEOptions",
     "VAESteps",
     "load_vae",
     "refuse_quantized_metadata",
@@ -146,11 +147,12 @@ def vae_reader(
     if device.type != "cpu":
         return PooledReader(checkpoint, pool, streaming=True)
 
-    def kept(info: TensorInfo) -> bool:
-        slot = slots.get(info.name)
-        return slot is not None and slot.dtype == info.dtype and slot.shape == info.shape
-
-    return PooledReader(checkpoint, pool, pooled=kept, streaming=True, buffers_kept=True)
+    pooled = {
+        name
+        for name, info in checkpoint.tensors.items()
+        if name in slots and slots[name].dtype == info.dtype and slots[name].shape == info.shape
+    }
+    return PooledReader(checkpoint, pool, pooled=pooled, streaming=True, buffers_kept=True)
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class VAESteps:
     """The steps of `load_vae` a caller may replace, each with the reference's default, in the
     order they run: build, buffer refusal, slot checks, preflight, reader, stream, buffer
     rebuild, state check. A loader that differs in one step passes its own. `reader` None is
-    the reference's choice (`vae_reader`, tuned by `load_vae`'s `reading`); a reader given here
+    the reference's choice (`vae_reader`, tuned by `VAEOptions.reading`); a reader given here
     reads every load, whatever `reading` says."""
 
     build: Callable[..., nn.Module] = build_on_meta
@@ -172,6 +174,30 @@ class VAESteps:
 
 
 REFERENCE_VAE_STEPS = VAESteps()
+
+
+@dataclass(frozen=True)
+class VAEOptions:
+    """How a VAE load runs, apart from what it loads: the benchmark's knobs and the steps.
+
+    Attributes:
+        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the
+            default: one tensor at a time from the file's map (`StreamingReader`). Given options
+            (`workers` of 1 or more) read through the bounded reader pool: K tensors or B bytes
+            read ahead, each buffer becoming its slot's tensor onto the CPU where no conversion
+            is needed, so memory holds the module and at most the window.
+        host_bytes: the host memory the load may take (default: what the host has available).
+            A CPU load whose slots need more is refused after the preflight, before any tensor
+            is read.
+        steps: the steps of the load (see `VAESteps`); the reference's by default.
+    """
+
+    reading: ReadOptions | None = None
+    host_bytes: int | None = None
+    steps: VAESteps = REFERENCE_VAE_STEPS
+
+
+VAE_DEFAULTS = VAEOptions()
 
 
 VAE_FIX = (
@@ -190,10 +216,8 @@ def load_vae(
     quantization: QuantizationSpec | None = None,
     decode_dtype: torch.dtype | None = None,
     channels_last_3d: bool = False,
-    reading: ReadOptions | None = None,
-    steps: VAESteps = REFERENCE_VAE_STEPS,
-    host_bytes: int | None = None,
     dtype: torch.dtype | None = None,
+    options: VAEOptions = VAE_DEFAULTS,
 ) -> tuple[nn.Module, LoadReport]:
     """Load a VAE by streaming its checkpoint tensor by tensor into a module built on meta.
 
@@ -202,7 +226,7 @@ def load_vae(
 
     Args:
         build: constructs the VAE; called once, its parameters and persistent buffers sent to
-            `meta` (see `reference.place.modules.build_on_meta`).
+            `meta` (see `reference.place.build.build_on_meta`).
         checkpoint_path: a `.safetensors` file, a shard index, or a folder holding either.
         device: the target device (cpu or cuda).
         component: the pipeline component name, used in messages and the report.
@@ -210,19 +234,11 @@ def load_vae(
         quantization: a requested quantization; direct loading refuses any.
         decode_dtype: hold the decoder in this dtype through the VAE's prepare hook.
         channels_last_3d: store Conv3d weights in channels_last_3d.
-        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the default:
-            one tensor at a time from the file's map (`StreamingReader`). Given options
-            (`workers` of 1 or more) read through the bounded reader pool: K tensors or B bytes
-            read ahead, each buffer becoming its slot's tensor onto the CPU where no conversion
-            is needed, so memory holds the module and at most the window.
-        steps: the steps of the load (see `VAESteps`); the reference's by default.
-        host_bytes: the host memory the load may take (default: what the host has available).
         dtype: the component's precision (PREC-1): the slots are given it on meta before the
             preflight (fp32-kept modules, integer and float8 slots aside: PREC-2); each tensor
             of another dtype is converted once, on `device`, as it streams (PREC-4, PREC-5).
             None keeps the dtypes the build gives.
-            A CPU load whose slots need more is refused after the preflight, before any tensor
-            is read.
+        options: how the load runs (`VAEOptions`: reading, host memory, steps).
 
     Returns:
         The loaded module (in eval mode), and a report with one "streamed" record per tensor.
@@ -234,9 +250,10 @@ def load_vae(
             buffers on meta that no hook rebuilds (before any tensor data is read).
         StateMismatchError: unknown, missing or wrong-shape tensors, before any data is read.
         ArgumentError: a decode dtype the VAE cannot hold.
-        HostMemoryError: a CPU load whose slots need more than `host_bytes`.
+        HostMemoryError: a CPU load whose slots need more than `options.host_bytes`.
     """
     start = time.perf_counter()
+    steps = options.steps
     refuse_unsupported_config(component, config, quantization)
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
@@ -253,7 +270,7 @@ def load_vae(
     slots = state_slots(module, component=component, checks=steps.slot_checks)
     plan = steps.preflight(checkpoint, slots, component=component)
     if device.type == "cpu":
-        host_bytes = available_host_bytes() if host_bytes is None else host_bytes
+        host_bytes = available_host_bytes() if options.host_bytes is None else options.host_bytes
         needed = sum(slot_bytes(slots[name].tensor) for name in plan.names)
         what = "streaming every tensor into the CPU model"
         fix = VAE_FIX.format(component=component)
@@ -261,7 +278,7 @@ def load_vae(
     if steps.reader is not None:
         reader = steps.reader(checkpoint)
     else:
-        reader = vae_reader(checkpoint, slots, reading=reading, device=device)
+        reader = vae_reader(checkpoint, slots, reading=options.reading, device=device)
     try:
         records, filled = steps.stream(reader, slots, plan, device=device)
     finally:

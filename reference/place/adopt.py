@@ -347,6 +347,7 @@ def load_full_state(
     steps: AdoptSteps = REFERENCE_ADOPT_STEPS,
     host_bytes: int | None = None,
     component: str = "the module",
+    map_views: bool = False,
 ) -> tuple[TensorRecord, ...]:
     """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
 
@@ -361,6 +362,9 @@ def load_full_state(
     kept instead of copied a second time (`keep_fresh`). `steps` replaces the predicate, the copy
     path or the ledger (see `AdoptSteps`). With `host_bytes` (the host memory available) and a
     CPU load device, a copy that would take the copies past it is refused before it allocates.
+    With `map_views` (the tensors not in `fresh` are views of a file's private map, as a
+    `TensorReader` reads them), direct mode onto the CPU adopts host memory of the tensor's own,
+    never the file's map (PLAN-3): such a tensor the verdict adopts is copied once first.
 
     Returns:
         One record per loaded slot, in load order.
@@ -397,6 +401,14 @@ def load_full_state(
             verdict = steps.verdict(
                 slot.tensor, tensor, slot.tensor, kinds=kinds, direct_device=direct_device
             )
+        if (
+            verdict.adopt
+            and map_views
+            and direct
+            and load_device.type == "cpu"
+            and name not in fresh
+        ):
+            tensor = tensor.clone()
         if verdict.adopt:
             clash = adopted.clash(tensor)
             if clash is not None:

@@ -8,7 +8,6 @@ loaded; only then does a deferred component move to CPU. A quantized load that f
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -16,13 +15,12 @@ from torch import nn
 
 from reference.errors import QuantizationLoadError
 from reference.place.adopt import LinearKinds
-from reference.request.plan import CPU, WeightLoadPlan
+from reference.request.plan import CPU
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [
     "MODELOPT_FP8_METHODS",
     "OffloadOptions",
-    "effective_plan",
     "offload_for_quantization",
     "offload_to_cpu",
     "process_weights",
@@ -30,24 +28,6 @@ __all__ = [
 
 # Pre-serialized ModelOpt-style FP8 checkpoints keep their own offload rule (FP8-3).
 MODELOPT_FP8_METHODS = frozenset({"modelopt_fp8"})
-
-
-def effective_plan(plan: WeightLoadPlan, *, fsdp: bool, component: str) -> WeightLoadPlan:
-    """FP8-4: under FSDP the post-process device override and deferral are dropped, with a warning.
-
-    FSDP places and offloads the weights itself, so the plan keeps only its load device (and the
-    direct flag). Without FSDP, or with nothing to drop, the plan is returned unchanged.
-    """
-    if not fsdp or (plan.weight_postprocess_device is None and not plan.defer_cpu_offload):
-        return plan
-    warnings.warn(
-        f"{component}: FSDP inference is on, so the weight post-process device override"
-        f" ({plan.weight_postprocess_device}) and the deferred CPU offload are dropped;"
-        " FSDP places and offloads the weights itself",
-        UserWarning,
-        stacklevel=3,
-    )
-    return dataclasses.replace(plan, weight_postprocess_device=None, defer_cpu_offload=False)
 
 
 def process_weights(

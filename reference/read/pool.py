@@ -29,7 +29,7 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +197,7 @@ class PooledReader(TensorReader):
         checkpoint: the validated checkpoint.
         options: `workers` (at least 1), `max_tensors`, `max_bytes`, `map_when_cached`
             (`ReadOptions`).
-        pooled: which tensors the pool reads (by header); None: all of them.
+        pooled: the names of the tensors the pool reads; None: all of them.
         streaming: drop the map after each read of a tensor the pool does not read.
         buffers_kept: the caller keeps every pooled tensor's buffer as a loaded tensor:
             read in contiguous shares, without a window.
@@ -213,7 +213,7 @@ class PooledReader(TensorReader):
         checkpoint: Checkpoint,
         options: ReadOptions,
         *,
-        pooled: Callable[[TensorInfo], bool] | None = None,
+        pooled: Collection[str] | None = None,
         streaming: bool = False,
         buffers_kept: bool = False,
     ) -> None:
@@ -226,7 +226,7 @@ class PooledReader(TensorReader):
         self.streaming = streaming
         self.buffers_kept = buffers_kept
         self._order = list(super().__iter__())
-        chosen = [n for n in self._order if pooled is None or pooled(checkpoint.tensors[n])]
+        chosen = [n for n in self._order if pooled is None or n in pooled]
         self._cached_names: frozenset[str] = frozenset()
         if options.map_when_cached:
             samples: dict[Path, bytes | None] = {}  # each file's, taken once

@@ -1,6 +1,6 @@
 """How a load reads its checkpoint files: reader threads, bounds on what is in flight, prefetch.
 
-A load that copies every tensor (the DiT copy path, `load_dit(adopt=False)`; VAE streaming; the
+A load that copies every tensor (the DiT copy path, `DiTOptions(adopt=False)`; VAE streaming; the
 direct path, where every tensor goes to a device) can read through a bounded pool of reader
 threads (`reference.read.pool.PooledReader`): tensors are read in file order by `os.preadv` into
 fresh CPU buffers, several at a time, so a cold file is read at the rate of several streams instead
@@ -40,16 +40,19 @@ where the pool stages buffers for a device: `max_tensors` 16 and `max_bytes` 256
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from reference.errors import ArgumentError
+from reference.read.checkpoint import TensorReader
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_TENSORS",
+    "InOrder",
     "ReadOptions",
     "default_workers",
     "pool_options",
@@ -146,3 +149,20 @@ def pool_options(
 def prefetch_workers(reading: ReadOptions | None) -> int:
     """Background threads that populate a load's file maps (0: no prefetch)."""
     return reading.workers if reading is not None and reading.prefetch else 0
+
+
+class InOrder:
+    """Each tensor `reader` holds, in the reader's order, read onto `device`; while one is in
+    hand `current` names it (None before the first and after the last), so a failure downstream
+    can name the tensor's file."""
+
+    def __init__(self, reader: TensorReader, *, device: torch.device) -> None:
+        self.reader = reader
+        self.device = device
+        self.current: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.reader:
+            self.current = name
+            yield name, self.reader.read(name, device=self.device)
+        self.current = None

@@ -5,6 +5,8 @@ A plan is resolved once per component, before any byte is read, and never change
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +14,7 @@ import torch
 from reference.errors import PlanError
 from reference.request.quantization import QuantizationSpec
 
-__all__ = ["CPU", "WeightLoadPlan", "resolve_checkpoint_load_device"]
+__all__ = ["CPU", "WeightLoadPlan", "effective_plan", "resolve_checkpoint_load_device"]
 
 CPU = torch.device("cpu")
 
@@ -109,3 +111,21 @@ def resolve_checkpoint_load_device(
     if component_cpu_offload and (quantization is None or quantization.loads_on_cpu):
         return CPU
     return runtime_device
+
+
+def effective_plan(plan: WeightLoadPlan, *, fsdp: bool, component: str) -> WeightLoadPlan:
+    """FP8-4: under FSDP the post-process device override and deferral are dropped, with a warning.
+
+    FSDP places and offloads the weights itself, so the plan keeps only its load device (and the
+    direct flag). Without FSDP, or with nothing to drop, the plan is returned unchanged.
+    """
+    if not fsdp or (plan.weight_postprocess_device is None and not plan.defer_cpu_offload):
+        return plan
+    warnings.warn(
+        f"{component}: FSDP inference is on, so the weight post-process device override"
+        f" ({plan.weight_postprocess_device}) and the deferred CPU offload are dropped;"
+        " FSDP places and offloads the weights itself",
+        UserWarning,
+        stacklevel=3,
+    )
+    return dataclasses.replace(plan, weight_postprocess_device=None, defer_cpu_offload=False)

@@ -23,7 +23,7 @@ from reference.__main__ import main
 from reference.kit.fakes.bench import BenchDiT, BenchShapes
 from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.load.dit import load_dit
+from reference.load.dit import DiTOptions, load_dit
 from reference.place.adopt import ADOPTION_DISABLED, load_full_state
 from reference.programs.bench import cache as bench_cache
 from reference.programs.bench import limits as bench_limits
@@ -89,7 +89,9 @@ def test_adopt_false_copies_every_tensor_into_its_own_storage(tmp_path: Path) ->
     shapes = BenchShapes(dit_hidden=64, dit_depth=2, vae_hidden=8)
     state = {k: torch.randn(v.shape).to(v.dtype) for k, v in _meta_state(shapes).items()}
     path = write_checkpoint(state, tmp_path)
-    module, report = load_dit(shapes.dit, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False)
+    module, report = load_dit(
+        shapes.dit, path, plan=OFFLOAD, kinds=LINEAR_KINDS, options=DiTOptions(adopt=False)
+    )
     assert report.adopted == (0, 0)
     assert report.copied == (len(state), sum(t.nbytes for t in state.values()))
     assert {r.reason for r in report.records} == {ADOPTION_DISABLED}
@@ -373,13 +375,13 @@ def test_the_pool_and_prefetch_paths_pass_their_read_options(
     seen: list[Any] = []
     real_load_dit, real_load_vae = bench_paths.load_dit, bench_paths.load_vae
 
-    def load_dit(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
-        seen.append(reading)
-        return real_load_dit(*args, reading=reading, **kwargs)
+    def load_dit(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["options"].reading if "options" in kwargs else None)
+        return real_load_dit(*args, **kwargs)
 
-    def load_vae(*args: Any, reading: Any = None, **kwargs: Any) -> Any:
-        seen.append(reading)
-        return real_load_vae(*args, reading=reading, **kwargs)
+    def load_vae(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["options"].reading if "options" in kwargs else None)
+        return real_load_vae(*args, **kwargs)
 
     monkeypatch.setattr(bench_paths, "load_dit", load_dit)
     monkeypatch.setattr(bench_paths, "load_vae", load_vae)

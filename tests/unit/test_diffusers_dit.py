@@ -615,7 +615,7 @@ def test_without_diffusers_a_diffusers_dit_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from reference.errors import CheckpointError
-    from reference.load.model_loaders import TransformerLoader
+    from reference.load.loaders import TransformerLoader
     from reference.request.args import ServerArgs
     from reference.request.model_index import read_pipeline
 
@@ -636,7 +636,7 @@ def test_reference_imports_without_diffusers() -> None:
     """`reference` and the pipeline writer import with diffusers blocked (lazy imports)."""
     code = (
         "import sys; sys.modules['diffusers'] = None\n"
-        "import reference, reference.programs.cli, reference.load.model_loaders\n"
+        "import reference, reference.programs.cli, reference.load.loaders\n"
         "import reference.kit.fakes.diffusers_pipelines\n"
         "print('ok')"
     )

@@ -176,7 +176,7 @@ def test_reference_resolution_streams_the_named_class_on_the_runtime_device(
 ) -> None:
     """What the reference's VAE loader runs for an admitted direct request, on any device: the
     class model_index.json names, built from config.json on meta, then streamed."""
-    from reference.load.model_loaders import VAELoader
+    from reference.load.loaders import VAELoader
     from reference.request.model_index import read_pipeline
 
     root = write_diffusers_pipeline(tmp_path, VIDEO_WAN, sharded=True)
@@ -279,7 +279,7 @@ def test_diffusers_vae_with_buffers_computed_in_init_streams_without_edits(
 def test_reference_meta_build_of_every_diffusers_vae_keeps_only_its_buffers_real(
     meta_vaes: Mapping[str, nn.Module],
 ) -> None:
-    from reference.place.modules import build_on_meta
+    from reference.place.build import build_on_meta
 
     with_buffers = []
     for name, built in meta_vaes.items():

@@ -22,8 +22,8 @@ from reference.kit.fakes.checkpoints import write_checkpoint
 from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors
 from reference.kit.fakes.corrupt import small_state
 from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.load.dit import load_dit
-from reference.load.vae import load_vae
+from reference.load.dit import DiTOptions, load_dit
+from reference.load.vae import VAEOptions, load_vae
 from reference.request.plan import WeightLoadPlan
 
 pytestmark = pytest.mark.internal
@@ -38,7 +38,13 @@ def test_a_copy_of_every_tensor_beyond_the_host_is_refused_before_the_build(
     path = write_checkpoint(small_state(), tmp_path)
     since = mark()
     with pytest.raises(HostMemoryError) as caught:
-        load_dit(CorpusDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, host_bytes=64)
+        load_dit(
+            CorpusDiT,
+            path,
+            plan=OFFLOAD,
+            kinds=LINEAR_KINDS,
+            options=DiTOptions(adopt=False, host_bytes=64),
+        )
     message = str(caught.value)
     assert message.startswith("transformer: copying every tensor needs 168 bytes")
     assert "64 available" in message
@@ -52,8 +58,12 @@ def test_a_copy_among_adopted_tensors_is_refused_at_the_copy_that_passes_the_bud
     # norm.weight in float32 for a bf16 slot: converted, so copied (8 bytes); the rest adopted
     path = write_checkpoint(small_state() | {"norm.weight": torch.ones(4)}, tmp_path)
     with pytest.raises(HostMemoryError, match=r"copying 'norm\.weight'"):
-        load_dit(CorpusDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, host_bytes=4)
-    module, report = load_dit(CorpusDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, host_bytes=8)
+        load_dit(
+            CorpusDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, options=DiTOptions(host_bytes=4)
+        )
+    module, report = load_dit(
+        CorpusDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, options=DiTOptions(host_bytes=8)
+    )
     assert report.copied.bytes == 8
     assert torch.equal(module.norm.weight, torch.ones(4, dtype=torch.bfloat16))
 
@@ -61,7 +71,9 @@ def test_a_copy_among_adopted_tensors_is_refused_at_the_copy_that_passes_the_bud
 def test_adoption_loads_within_any_budget(tmp_path: Path) -> None:
     shapes = BenchShapes.for_bytes(1 << 20)
     dit, _ = write_bench_checkpoints(tmp_path, shapes)
-    _, report = load_dit(shapes.dit, dit, plan=OFFLOAD, kinds=LINEAR_KINDS, host_bytes=0)
+    _, report = load_dit(
+        shapes.dit, dit, plan=OFFLOAD, kinds=LINEAR_KINDS, options=DiTOptions(host_bytes=0)
+    )
     assert report.copied.bytes == 0
     assert report.adopted.bytes > 0
 
@@ -69,11 +81,11 @@ def test_adoption_loads_within_any_budget(tmp_path: Path) -> None:
 def test_a_streamed_vae_beyond_the_host_is_refused_before_any_read(tmp_path: Path) -> None:
     path = write_checkpoint(small_state(), tmp_path)
     with pytest.raises(HostMemoryError) as caught:
-        load_vae(CorpusVAE, path, device=CPU, host_bytes=100)
+        load_vae(CorpusVAE, path, device=CPU, options=VAEOptions(host_bytes=100))
     message = str(caught.value)
     assert message.startswith("vae: streaming every tensor into the CPU model needs 168 bytes")
     assert "--component-direct-gpu-weight-loading.vae" in message
-    _, report = load_vae(CorpusVAE, path, device=CPU, host_bytes=168)
+    _, report = load_vae(CorpusVAE, path, device=CPU, options=VAEOptions(host_bytes=168))
     assert report.streamed.bytes == 168
 
 

@@ -18,8 +18,8 @@ from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.quant import UnquantizedLinearMethod
 from reference.load import dit
-from reference.place.postload import effective_plan, process_weights
-from reference.request.plan import CPU, WeightLoadPlan
+from reference.place.postload import process_weights
+from reference.request.plan import CPU, WeightLoadPlan, effective_plan
 from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.reference_only("calls the reference's own post-load steps directly")

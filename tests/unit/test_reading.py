@@ -26,8 +26,8 @@ from reference.kit.fakes.file_maps import file_position, maps_missing
 from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.kit.fakes.vae import StandardVAE
 from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
-from reference.load.dit import load_dit
-from reference.load.vae import load_vae
+from reference.load.dit import DiTOptions, load_dit
+from reference.load.vae import VAEOptions, load_vae
 from reference.programs.bench.cache import drop
 from reference.read import pool as pool_mod
 from reference.read.checkpoint import TensorReader, open_checkpoint
@@ -298,7 +298,7 @@ def test_tensors_not_pooled_are_views_of_the_map(tmp_path: Path) -> None:
         pytest.skip(maps_missing())
     state = {"kept": torch.randn(64), "mapped": torch.randn(64)}
     path = write_checkpoint(state, tmp_path)
-    reader = PooledReader(open_checkpoint(path), SMALL, pooled=lambda info: info.name == "kept")
+    reader = PooledReader(open_checkpoint(path), SMALL, pooled={"kept"})
     try:
         read = every_tensor(reader)
         assert reader.fresh_names == {"kept"}
@@ -452,7 +452,7 @@ def test_a_load_through_the_pool_fails_cleanly_on_a_truncated_file(
     monkeypatch.setattr("reference.load.vae.PooledReader", TruncatesAfterCheck)
     before = threading.enumerate()
     with pytest.raises(CheckpointError) as caught:
-        load_vae(StandardVAE, path, device=CPU, reading=SMALL)
+        load_vae(StandardVAE, path, device=CPU, options=VAEOptions(reading=SMALL))
     assert caught.value.file == str(path)
     assert caught.value.entry in state
     assert set(threading.enumerate()) <= set(before)
@@ -473,7 +473,11 @@ def test_copy_path_keeps_pooled_buffers_and_adoption_keeps_map_views(
     path = write_checkpoint(state, tmp_path)
 
     copied, report = load_dit(
-        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=SMALL
+        PlainDiT,
+        path,
+        plan=OFFLOAD,
+        kinds=LINEAR_KINDS,
+        options=DiTOptions(adopt=False, reading=SMALL),
     )
     assert report.copied.bytes == sum(t.nbytes for t in state.values())
     for name, tensor in copied.state_dict().items():
@@ -481,7 +485,9 @@ def test_copy_path_keeps_pooled_buffers_and_adoption_keeps_map_views(
         assert file_position(tensor) is None, f"{name} is a view of the file, not a copy"
     assert not isinstance(copied.time_scale, nn.Parameter)  # buffers stay buffers (ZC-15)
 
-    adopted, report = load_dit(PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, reading=SMALL)
+    adopted, report = load_dit(
+        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, options=DiTOptions(reading=SMALL)
+    )
     params = dict(adopted.named_parameters())
     assert report.adopted.bytes == sum(p.nbytes for p in params.values())
     for name, param in params.items():
@@ -496,7 +502,11 @@ def test_copy_path_runs_weight_loaders_on_views_of_the_map(
     copies them), the others through the pool; every value equals the checkpoint."""
     path, state = write_dit_checkpoint(tmp_path)
     module, report = load_dit(
-        TinyDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=SMALL
+        TinyDiT,
+        path,
+        plan=OFFLOAD,
+        kinds=LINEAR_KINDS,
+        options=DiTOptions(adopt=False, reading=SMALL),
     )
     assert report.adopted.tensors == 0
     loaded = module.state_dict()
@@ -513,7 +523,9 @@ def test_vae_streaming_through_the_pool_fills_each_slot_with_its_own_tensor(
     state = {k: v.detach().clone() for k, v in StandardVAE().state_dict().items()}
     path = write_vae_checkpoint(state, tmp_path, shards=2)
     for reading in (None, SMALL, ReadOptions(workers=0)):
-        module, report = load_vae(StandardVAE, path, device=CPU, reading=reading)
+        module, report = load_vae(
+            StandardVAE, path, device=CPU, options=VAEOptions(reading=reading)
+        )
         loaded = module.state_dict()
         for name, tensor in state.items():
             assert same(loaded[name], tensor), name
@@ -592,7 +604,11 @@ def test_a_zero_copy_load_with_prefetch_adopts_map_views_and_returns(
     path = write_checkpoint(state, tmp_path)
     drop([path])
     module, report = load_dit(
-        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, reading=ReadOptions(prefetch=True)
+        PlainDiT,
+        path,
+        plan=OFFLOAD,
+        kinds=LINEAR_KINDS,
+        options=DiTOptions(reading=ReadOptions(prefetch=True)),
     )
     for thread in reader_threads():  # the load did not wait; the threads end on their own
         thread.join(timeout=60)
@@ -614,7 +630,11 @@ def test_prefetch_does_not_apply_to_a_load_through_the_pool(
     path = write_checkpoint(state, tmp_path)
     reading = ReadOptions(workers=2, prefetch=True)
     module, _ = load_dit(
-        PlainDiT, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=reading
+        PlainDiT,
+        path,
+        plan=OFFLOAD,
+        kinds=LINEAR_KINDS,
+        options=DiTOptions(adopt=False, reading=reading),
     )
     assert not reader_threads()  # nothing was left populating a map
     for name, tensor in module.state_dict().items():
@@ -644,7 +664,11 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
     finally:
         reader.close()
     loaded, report = load_dit(
-        shapes.dit, path, plan=OFFLOAD, kinds=LINEAR_KINDS, adopt=False, reading=options
+        shapes.dit,
+        path,
+        plan=OFFLOAD,
+        kinds=LINEAR_KINDS,
+        options=DiTOptions(adopt=False, reading=options),
     )
     assert report.copied.bytes == opened.total_bytes
     plain = TensorReader(opened)

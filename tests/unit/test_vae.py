@@ -902,7 +902,7 @@ def test_reference_refusal_of_unrebuildable_buffers_says_what_to_do(
 @pytest.mark.rule("VAE-1", "VAE-9")
 @pytest.mark.reference_only("the reference's own meta build")
 def test_reference_build_keeps_only_non_persistent_buffers_real() -> None:
-    from reference.place.modules import build_on_meta
+    from reference.place.build import build_on_meta
 
     build = RecordingBuild(PlainBufferVAE)
     module = build_on_meta(build, component="vae")
@@ -929,7 +929,7 @@ def test_reference_builds_on_meta_in_two_threads_at_once_and_leaves_others_alone
     function of torch is replaced while they run."""
     import threading
 
-    from reference.place.modules import build_on_meta
+    from reference.place.build import build_on_meta
 
     inside, both_inside = threading.Barrier(3), threading.Event()
     results: dict[str, nn.Module] = {}
@@ -993,7 +993,7 @@ def test_reference_build_skips_standard_layers_initialisation_only_while_it_runs
     """Standard torch layers skip initialising their meta parameters during the build and get
     their own `reset_parameters` back afterwards; a subclass's own initialisation runs; the
     object a constructor registered is the one on meta, with attributes set on it later."""
-    from reference.place.modules import build_on_meta
+    from reference.place.build import build_on_meta
 
     _RecordingLinear.calls.clear()
     module = build_on_meta(_LayersAndLateAttributes, component="vae")
@@ -1033,7 +1033,7 @@ class _TensorsHeldElsewhere(nn.Module):
 def test_reference_build_sends_tensors_held_elsewhere_to_meta_too() -> None:
     """A registered tensor some other holder references still ends on meta: in place where torch
     can swap it (the registering object is the module's), else as a meta copy of its class."""
-    from reference.place.modules import build_on_meta
+    from reference.place.build import build_on_meta
 
     module = build_on_meta(_TensorsHeldElsewhere, component="vae")
     graphed, inferred, referenced = module.originals

@@ -36,6 +36,8 @@ from reference.kit.seam import (
 from reference.load import dit, loaders
 from reference.load import pipeline as load
 from reference.load import vae as vae_mod
+from reference.load.dit import DiTOptions
+from reference.load.vae import VAEOptions
 from reference.place import adopt, postload
 from reference.place import slots as slots_mod
 from reference.place.adopt import LinearKinds, Verdict
@@ -163,7 +165,7 @@ class ReferenceAdapter(ReferencePlans):
             fsdp=request.fsdp,
             component=request.component,
             dtype=request.dtype,
-            steps=steps,
+            options=DiTOptions(steps=steps),
         )
 
     def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> dit.DiTSteps:
@@ -216,7 +218,7 @@ class ReferenceAdapter(ReferencePlans):
             decode_dtype=request.decode_dtype,
             channels_last_3d=request.channels_last_3d,
             dtype=request.dtype,
-            steps=steps,
+            options=VAEOptions(steps=steps),
         )
 
     # --- arguments and admission ---------------------------------------------------------------

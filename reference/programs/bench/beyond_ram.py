@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from reference.errors import HostMemoryError
-from reference.load.dit import load_dit
+from reference.load.dit import DiTOptions, load_dit
 from reference.place.host_memory import available_host_bytes
 from reference.report.memory import resident
 from reference.request.plan import CPU, WeightLoadPlan
@@ -105,7 +105,7 @@ def load_beyond_ram(index: Path) -> dict[str, Any]:
     }
     del module
     try:
-        load_dit(shapes.dit, index, plan=plan, kinds=LINEAR_KINDS, adopt=False)
+        load_dit(shapes.dit, index, plan=plan, kinds=LINEAR_KINDS, options=DiTOptions(adopt=False))
     except HostMemoryError as refusal:
         figures["copy_path"] = f"refused: {refusal}"
     else:

@@ -40,8 +40,8 @@ from torch import nn
 
 from reference.errors import HostMemoryError
 from reference.extras import install_hint
-from reference.load.dit import load_dit
-from reference.load.vae import load_vae
+from reference.load.dit import DiTOptions, load_dit
+from reference.load.vae import VAEOptions, load_vae
 from reference.programs.bench import limits
 from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
 from reference.read.reading import ReadOptions
@@ -237,9 +237,7 @@ def dit(
         job.checkpoint("dit"),
         plan=plan,
         kinds=LINEAR_KINDS,
-        adopt=adopt,
-        reading=reading,
-        host_bytes=host_bytes,
+        options=DiTOptions(adopt=adopt, reading=reading, host_bytes=host_bytes),
     )
     return from_report(module, report)
 
@@ -253,7 +251,7 @@ def diffusers_transformer(job: Job) -> Any:
 
 def ddit_zero_copy(job: Job) -> Loaded:
     """The reference's pipeline loader on a diffusers DiT under CPU offload (ZC-2b)."""
-    from reference.load.model_loaders import TransformerLoader
+    from reference.load.loaders import TransformerLoader
     from reference.request.args import ServerArgs
 
     args = ServerArgs(runtime_device=CPU, dit_cpu_offload=True, dit_precision=torch.bfloat16)
@@ -271,7 +269,9 @@ def ddit_from_pretrained(job: Job) -> Loaded:
 
 
 def vae_stream(job: Job, *, device: torch.device, reading: ReadOptions | None = None) -> Loaded:
-    module, report = load_vae(job.shapes.vae, job.checkpoint("vae"), device=device, reading=reading)
+    module, report = load_vae(
+        job.shapes.vae, job.checkpoint("vae"), device=device, options=VAEOptions(reading=reading)
+    )
     return from_report(module, report)
 
 

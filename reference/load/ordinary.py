@@ -1,0 +1,103 @@
+"""The ordinary load: build the module for real, copy its checkpoint into it, place it.
+
+No direct-loading feature is involved (ADM-6): this is how a vocoder loads, and a VAE when no
+direct request for it was admitted. Names and shapes are checked against the headers before any
+tensor data is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from reference.errors import LISTED, StateMismatchError, listed, shown
+from reference.place.cast import cast_slots
+from reference.place.host_memory import construction_guard
+from reference.place.records import TensorRecord
+from reference.read.checkpoint import Checkpoint, TensorReader, open_checkpoint
+from reference.request.model_index import ComponentSpec
+
+__all__ = ["load_ordinarily", "load_state_ordinarily"]
+
+
+def load_ordinarily(
+    spec: ComponentSpec,
+    *,
+    build: Callable[[], nn.Module],
+    dtype: torch.dtype,
+    device: torch.device,
+    target: torch.device | str,
+) -> tuple[nn.Module, list[TensorRecord]]:
+    """Build the module with `build`, give its slots precision `dtype`, copy its checkpoint into
+    it on `device` (the plan's load device), then move it to `target` (CPU when the component is
+    offloaded, else the runtime device).
+
+    The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
+    parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path).
+
+    Raises:
+        CheckpointError, StateMismatchError, HostMemoryError: as the steps raise them.
+    """
+    checkpoint = open_checkpoint(spec.folder)
+    # The build may take no more host memory than its checkpoint explains: weights within
+    # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
+    with construction_guard(
+        spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=True, config=spec.init_kwargs
+    ):
+        module = build()
+    cast_slots(module, dtype)  # PREC-1, PREC-2: the real slots, converted before loading
+    records = load_state_ordinarily(module, spec, device, checkpoint)
+    return module.to(target).eval(), records
+
+
+def _names(names: list[str]) -> str:
+    return f"[{listed(names)}]" if names else "none"
+
+
+def load_state_ordinarily(
+    module: nn.Module, component: ComponentSpec, device: torch.device, checkpoint: Checkpoint
+) -> list[TensorRecord]:
+    """The ordinary path: read each tensor onto `device` and copy it into the module's state.
+
+    Names and shapes are checked against the headers before any tensor data is read, so a
+    failure of torch's own copy afterwards is not a mismatch (the caller wraps it).
+
+    Raises:
+        CheckpointError: for unreadable weights.
+        StateMismatchError: listing missing and unexpected names, or each wrong shape.
+    """
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(checkpoint.tensors))
+    unexpected = sorted(set(checkpoint.tensors) - set(expected))
+    wrong = [
+        f"'{shown(name)}' is {list(info.shape)} in {shown(info.file.name)}, the module expects"
+        f" {list(expected[name].shape)}"
+        for name, info in sorted(checkpoint.tensors.items())
+        if name in expected and info.shape != tuple(expected[name].shape)
+    ]
+    if missing or unexpected or wrong:
+        more = f" and {len(wrong) - LISTED} more" if len(wrong) > LISTED else ""
+        raise StateMismatchError(
+            f"component {component.name!r}: checkpoint in {shown(component.folder)} does not"
+            f" match {type(module).__name__}; missing: {_names(missing)}; unexpected:"
+            f" {_names(unexpected)}; wrong shapes:"
+            f" {'; '.join(wrong[:LISTED]) + more or 'none'}"
+        )
+    reader = TensorReader(checkpoint)
+    try:
+        state = {name: reader.read(name, device=device) for name in reader}
+        module.load_state_dict(state, strict=True)
+    finally:
+        reader.close()
+    return [
+        TensorRecord(
+            name,
+            "copied",
+            expected[name].numel() * expected[name].element_size(),
+            converted_from=t.dtype if t.dtype != expected[name].dtype else None,
+            dtype=expected[name].dtype,
+        )
+        for name, t in state.items()
+    ]
