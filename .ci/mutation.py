@@ -30,6 +30,19 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each core module and the test files that exercise it directly (in tests/unit). Most tests reach
 # a module through the loader fixture, so the map follows which rules each file pins; mutmut's
 # own stats pass then runs, per mutant, only the tests that call the mutated function.
+# The step folder each core module sits in (reference/<step>/<module>.py).
+STEP = {
+    "plan": "request",
+    "args": "request",
+    "admission": "request",
+    "preflight": "read",
+    "header": "read",
+    "checkpoint": "read",
+    "postload": "place",
+    "slots": "place",
+    "stream": "place",
+    "adopt": "place",
+}
 MODULES: dict[str, tuple[str, ...]] = {
     "plan": ("test_plan.py", "test_dev.py", "test_plan_direct_default.py", "test_plan_wording.py"),
     "args": ("test_args.py", "test_adm.py", "test_args_command_line.py", "test_args_wording.py"),
@@ -148,7 +161,7 @@ def mutmut_config(module: str, tests: list[str], deselect: list[str], slack: flo
     lines = [
         "[mutmut]",
         "source_paths = reference",
-        f"only_mutate = reference/{module}.py",
+        f"only_mutate = reference/{STEP[module]}/{module}.py",
         f"timeout_multiplier = {slack}",
         "also_copy =\n    tests",
         "pytest_add_cli_args_test_selection =",
