@@ -55,6 +55,7 @@ __all__ = [
     "Admission",
     "CheckpointSafety",
     "CliArgs",
+    "ComponentRequest",
     "DirectDit",
     "DitRequest",
     "Fp8Defer",
@@ -74,6 +75,7 @@ __all__ = [
     "SeamLoader",
     "ServerArgsLike",
     "ServingOptions",
+    "StateRequest",
     "TensorParallel",
     "TensorRecord",
     "Unsupported",
@@ -143,6 +145,20 @@ class Precisions:
 
 
 @dataclass(frozen=True)
+class StateRequest:
+    """A full-state load as a test asks for it (`load_full_state`): a `meta`-built module, the
+    (name, tensor) pairs to fill its slots with, the plan and the standard linear kinds, and the
+    component's name for messages and the report."""
+
+    module: nn.Module
+    tensors: Iterable[tuple[str, torch.Tensor]]
+    _: KW_ONLY
+    plan: PlanLike
+    kinds: LinearKinds
+    component: str = "transformer"
+
+
+@dataclass(frozen=True)
 class DitRequest:
     """One DiT load as a test asks for it (`load_dit`): the module's builder, the checkpoint (a
     file, an index or a folder), and how to load it.
@@ -180,6 +196,21 @@ class VaeRequest:
     decode_dtype: torch.dtype | None = None
     channels_last_3d: bool = False
     dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class ComponentRequest:
+    """One component of a pipeline folder, as a test asks for it (`load_pipeline_component`):
+    the folder, the component's name, the loader's arguments (`make_server_args`' or
+    `parse_server_args`' value), the platform facts, and `models`, classes by name for
+    components whose model_index.json names the test's own library (None: the loader's own)."""
+
+    pipeline_dir: Path
+    component: str
+    args: ServerArgsLike
+    _: KW_ONLY
+    platform: Platform
+    models: Mapping[str, type[nn.Module]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,15 +307,7 @@ class Plans(Protocol):
 
 
 class _DiTLoading(Protocol):
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
+    def load_full_state(self, request: StateRequest) -> LoadReport:
         """Fill every slot of a `meta`-built module from (name, tensor) pairs, adopting eligible
         tensors. Raises ValueError for names or shapes that do not fit; on error the module is
         left untouched (CKPT-5)."""
@@ -431,15 +454,7 @@ class Pipelines(_ServerArgsFactory, Protocol):
     a config gives.
     """
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[nn.Module]] | None = None,
-    ) -> nn.Module:
+    def load_pipeline_component(self, request: ComponentRequest) -> nn.Module:
         """Load one component; returns it ready for inference (OUT-1)."""
         ...
 

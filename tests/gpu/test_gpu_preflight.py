@@ -21,7 +21,14 @@ from reference.errors import DeviceMemoryError
 from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
-from reference.kit.seam import DIRECT_DIT, MEMORY_PREFLIGHT, PIPELINES, SeamLoader, ServingOptions
+from reference.kit.seam import (
+    DIRECT_DIT,
+    MEMORY_PREFLIGHT,
+    PIPELINES,
+    ComponentRequest,
+    SeamLoader,
+    ServingOptions,
+)
 from reference.read.checkpoint import DTYPES
 from reference.request.platform import SYSTEM
 
@@ -104,7 +111,9 @@ def test_direct_load_beyond_the_real_free_memory_is_refused_before_any_byte_move
         with DataReads() as reads:
             error = refusal(
                 lambda: loader.load_pipeline_component(
-                    root, "transformer", args, platform=SYSTEM, models=MODEL_CLASSES
+                    ComponentRequest(
+                        root, "transformer", args, platform=SYSTEM, models=MODEL_CLASSES
+                    )
                 ),
                 error=DeviceMemoryError,
             )

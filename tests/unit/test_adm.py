@@ -40,6 +40,7 @@ from reference.kit.seam import (
     LOADER_SUPPORT,
     MEMORY_PREFLIGHT,
     PIPELINES,
+    ComponentRequest,
     Precisions,
     SeamLoader,
     ServingOptions,
@@ -363,7 +364,9 @@ def test_unhonourable_request_raises_the_no_fallback_error(
     apart, by read evidence)."""
     args = loader.make_server_args(ServingOptions(runtime_device=ACCEL, **options))
     error = refusal(
-        lambda: loader.load_pipeline_component(big_pipeline, component, args, platform=CUDA),
+        lambda: loader.load_pipeline_component(
+            ComponentRequest(big_pipeline, component, args, platform=CUDA)
+        ),
         error=ComponentCheckpointUnsupportedError,
     )
     assert_names_one_of(error, flag, UNDERSCORED[flag])
@@ -390,7 +393,7 @@ def test_unhonourable_request_is_refused_before_any_file_access(
         errors.append(
             refusal(
                 lambda: loader.load_pipeline_component(
-                    big_pipeline, component, args, platform=CUDA
+                    ComponentRequest(big_pipeline, component, args, platform=CUDA)
                 ),
                 error=ValueError,
             )
@@ -425,7 +428,7 @@ def test_unsupported_request_is_refused_whatever_the_weights(
     args = _select(loader, component)
     error = refusal(
         lambda: loader.load_pipeline_component(
-            root, component, args, platform=CUDA, models=MODELS_BY_NAME
+            ComponentRequest(root, component, args, platform=CUDA, models=MODELS_BY_NAME)
         ),
         error=ComponentCheckpointUnsupportedError,
     )
@@ -470,7 +473,7 @@ def test_without_the_flag_the_same_loader_loads(
         ),
     ):
         module = loader.load_pipeline_component(
-            root, "vocoder", args, platform=CUDA, models=MODELS_BY_NAME
+            ComponentRequest(root, "vocoder", args, platform=CUDA, models=MODELS_BY_NAME)
         )
         state = module.state_dict()
         assert set(state) == {"up.weight", "up.bias", "conv.weight", "conv.bias", "gain"}
@@ -568,7 +571,7 @@ def test_quantized_direct_dit_is_refused_at_admission_and_by_its_loader(
     )
     at_loader = refusal(
         lambda: loader.load_pipeline_component(
-            big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
+            ComponentRequest(big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME)
         ),
         error=ComponentCheckpointUnsupportedError,
     )
@@ -678,7 +681,9 @@ def test_quantized_direct_dit_is_refused_before_any_tensor_data_is_read(
         errors.append(
             refusal(
                 lambda: loader.load_pipeline_component(
-                    big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
+                    ComponentRequest(
+                        big_pipeline, component, args, platform=CUDA, models=MODELS_BY_NAME
+                    )
                 )
             )
         )
@@ -834,7 +839,9 @@ def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
         errors.append(
             refusal(
                 lambda: loader.load_pipeline_component(
-                    root, "transformer", args, platform=tiny, models=MODELS_BY_NAME
+                    ComponentRequest(
+                        root, "transformer", args, platform=tiny, models=MODELS_BY_NAME
+                    )
                 ),
                 error=DeviceMemoryError,
             )
@@ -899,7 +906,7 @@ def test_without_a_flag_every_component_loads_as_an_ordinary_load_would(
     )
     for name, component in SMALL_PIPELINE.items():
         module = loader.load_pipeline_component(
-            root, name, args, platform=CUDA, models=MODELS_BY_NAME
+            ComponentRequest(root, name, args, platform=CUDA, models=MODELS_BY_NAME)
         )
         # The ordinary way, by hand: construct on CPU, load the whole file, load_state_dict.
         ordinary = component.cls(**component.config)

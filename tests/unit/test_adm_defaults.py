@@ -22,7 +22,14 @@ from reference.kit.fakes.pipelines import (
 )
 from reference.kit.fakes.platform import FakePlatform
 from reference.kit.fakes.vae import UnrebuiltBufferVAE, VAEConfig
-from reference.kit.seam import ADMISSION, PIPELINES, Precisions, SeamLoader, ServingOptions
+from reference.kit.seam import (
+    ADMISSION,
+    PIPELINES,
+    ComponentRequest,
+    Precisions,
+    SeamLoader,
+    ServingOptions,
+)
 
 pytestmark = pytest.mark.rule("ADM-6")
 
@@ -91,7 +98,7 @@ def test_without_a_flag_each_component_loads_as_an_ordinary_build(
         ServingOptions(runtime_device=runtime_device, precisions=as_built)
     )
     module = loader.load_pipeline_component(
-        pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME
+        ComponentRequest(pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME)
     )
     spec = COMPONENTS[name]
     ordinary = spec.cls(**spec.config)

@@ -49,6 +49,7 @@ from reference.kit.seam import (
     Plan,
     PlanLike,
     SeamLoader,
+    StateRequest,
 )
 from reference.read.checkpoint import TensorReader
 from reference.request.quantization import QuantizationSpec
@@ -274,7 +275,7 @@ def test_direct_mode_adopts_shared_or_overlapping_device_bytes_once(
     for what, tensors in feeds.items():
         module = pair()
         report = loader.load_full_state(
-            module, tensors, plan=direct_plan_on(runtime_device), kinds=LINEAR_KINDS
+            StateRequest(module, tensors, plan=direct_plan_on(runtime_device), kinds=LINEAR_KINDS)
         )
         assert report.adopted.tensors <= 1, f"{what}: both names adopted the one memory"
         a, b = module.get_parameter("a.weight"), module.get_parameter("b.weight")
@@ -294,7 +295,7 @@ def test_direct_mode_adopts_disjoint_views_of_one_device_storage(
     base = torch.randn(24).to(direct_device(runtime_device))
     disjoint = [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[12:24].view(4, 3))]
     report = loader.load_full_state(
-        pair(), disjoint, plan=direct_plan_on(runtime_device), kinds=LINEAR_KINDS
+        StateRequest(pair(), disjoint, plan=direct_plan_on(runtime_device), kinds=LINEAR_KINDS)
     )
     assert report.adopted.tensors == 2, f"{report.adopted.tensors} of 2 disjoint views adopted"
 

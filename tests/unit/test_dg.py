@@ -29,7 +29,15 @@ from reference.kit.fakes.layers import (
 from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.fakes.load_paths import direct_load_host_growth
 from reference.kit.isolated import Attempt
-from reference.kit.seam import DIRECT_DIT, PLANS, DitRequest, Plan, PlanLike, SeamLoader
+from reference.kit.seam import (
+    DIRECT_DIT,
+    PLANS,
+    DitRequest,
+    Plan,
+    PlanLike,
+    SeamLoader,
+    StateRequest,
+)
 from reference.read.checkpoint import open_checkpoint
 from reference.report.memory import PeakSampler
 
@@ -150,7 +158,9 @@ def direct_load(
     tensors = direct_state(direct_device)
     with torch.device("meta"):
         module = TinyDiT().requires_grad_(True)
-    report = loader.load_full_state(module, tensors.items(), plan=direct_plan, kinds=LINEAR_KINDS)
+    report = loader.load_full_state(
+        StateRequest(module, tensors.items(), plan=direct_plan, kinds=LINEAR_KINDS)
+    )
     return module, tensors, {r.name: r.reason or "" for r in report.records if r.how == "copied"}
 
 
@@ -248,7 +258,9 @@ def test_direct_adoption_keeps_the_device_tensor(
             else nn.Linear(3, 4, bias=False)
         )
         module = nn.Sequential(built).requires_grad_(True)
-    loader.load_full_state(module, tensors.items(), plan=direct_plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(
+        StateRequest(module, tensors.items(), plan=direct_plan, kinds=LINEAR_KINDS)
+    )
     assert same_memory(module[0].weight, tensors["0.weight"])
 
 

@@ -38,7 +38,7 @@ from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
 from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
 from reference.kit.fakes.judge import refusal
 from reference.kit.fakes.platform import FakePlatform
-from reference.kit.seam import PIPELINES, Precisions, SeamLoader, ServingOptions
+from reference.kit.seam import PIPELINES, ComponentRequest, Precisions, SeamLoader, ServingOptions
 from reference.request.quantization import QuantizationSpec
 
 from .command import ROOT, Result, run_reference, run_reference_fresh
@@ -149,7 +149,9 @@ def load_offloaded(
     args = loader.make_server_args(
         ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS)
     )
-    module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
+    module = loader.load_pipeline_component(
+        ComponentRequest(root, "transformer", args, platform=NO_CUDA)
+    )
     params = param_names(module)
     assert params, "the transformer has parameters"
     in_place = {key for key, p in params.items() if file_position(p) == positions[key]}
@@ -240,9 +242,13 @@ def test_offloaded_diffusers_dit_load_allocates_no_copy_of_its_weights(
     args = loader.make_server_args(
         ServingOptions(runtime_device=runtime_device, dit_cpu_offload=True, precisions=PRECISIONS)
     )
-    loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)  # warm: imports
+    loader.load_pipeline_component(
+        ComponentRequest(root, "transformer", args, platform=NO_CUDA)
+    )  # warm: imports
     with DataReads() as reads:
-        module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
+        module = loader.load_pipeline_component(
+            ComponentRequest(root, "transformer", args, platform=NO_CUDA)
+        )
     reads.assert_no_data_read(data_bytes(*files), what="the transformer's weights")
     assert all(p.device.type == "cpu" for p in module.parameters())
 
@@ -267,7 +273,9 @@ def test_resident_diffusers_dit_is_bit_identical_to_from_pretrained(
     args = loader.make_server_args(
         ServingOptions(runtime_device=runtime_device, precisions=PRECISIONS)
     )
-    module = loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA)
+    module = loader.load_pipeline_component(
+        ComponentRequest(root, "transformer", args, platform=NO_CUDA)
+    )
     assert all(t.device.type == runtime_device.type for t in module.state_dict().values())
     assert all(b.device.type == runtime_device.type for b in module.buffers())
     if runtime_device.type != "cpu":
@@ -292,7 +300,9 @@ def test_a_second_diffusers_transformer_is_adopted_too(
     reason = maps_missing()
     if reason is not None:
         pytest.skip(reason)
-    module = loader.load_pipeline_component(root, "transformer_2", args, platform=NO_CUDA)
+    module = loader.load_pipeline_component(
+        ComponentRequest(root, "transformer_2", args, platform=NO_CUDA)
+    )
     params = param_names(module)
     assert all(file_position(p) == positions[key] for key, p in params.items())
     expected = from_pretrained(diffusers, root, WAN22_PIPELINE, component="transformer_2")
@@ -333,7 +343,9 @@ def test_quantization_of_a_plain_diffusers_dit_is_refused_before_any_read(
     files = safetensors_files(root / "transformer")
     with DataReads() as reads:
         refusal(
-            lambda: loader.load_pipeline_component(root, "transformer", args, platform=NO_CUDA),
+            lambda: loader.load_pipeline_component(
+                ComponentRequest(root, "transformer", args, platform=NO_CUDA)
+            ),
             "transformer",
             "fp8",
         )

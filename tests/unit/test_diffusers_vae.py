@@ -32,7 +32,14 @@ from reference.kit.fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
-from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader, ServingOptions, VaeRequest
+from reference.kit.seam import (
+    PIPELINES,
+    VAE_STREAM,
+    ComponentRequest,
+    SeamLoader,
+    ServingOptions,
+    VaeRequest,
+)
 from reference.request.platform import SYSTEM
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
@@ -162,7 +169,7 @@ def test_pipeline_vae_named_by_diffusers_loads_like_from_pretrained(
             runtime_device=runtime_device, component_direct_gpu_weight_loading={"vae": direct}
         )
     )
-    module = loader.load_pipeline_component(root, "vae", args, platform=SYSTEM)
+    module = loader.load_pipeline_component(ComponentRequest(root, "vae", args, platform=SYSTEM))
     assert type(module) is cls
     expected = from_pretrained(cls, root / "vae", runtime_device)
     assert_same_vae(module, expected, vae.sample_latents(runtime_device), runtime_device)

@@ -37,6 +37,7 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     Plan,
     SeamLoader,
@@ -417,7 +418,9 @@ def test_a_config_that_sizes_a_real_class_past_the_host_is_refused_before_alloca
     ((key, value),) = sizing.items()
     started = time.perf_counter()
     with deadline(60), pytest.raises(HostMemoryError, match="refused before allocating") as caught:
-        loader.load_pipeline_component(root, component, args, platform=FakePlatform(cuda=False))
+        loader.load_pipeline_component(
+            ComponentRequest(root, component, args, platform=FakePlatform(cuda=False))
+        )
     assert time.perf_counter() - started < 10, "the refusal came late: something was built"
     message = str(caught.value)
     assert message.startswith(f"{component}:"), message

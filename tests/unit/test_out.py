@@ -27,6 +27,7 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     Plan,
     SeamLoader,
@@ -137,6 +138,6 @@ def test_a_pipeline_component_is_ready_for_inference(
         ServingOptions(runtime_device=runtime_device, dit_cpu_offload=offload)
     )
     module = loader.load_pipeline_component(
-        pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES
+        ComponentRequest(pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES)
     )
     assert_ready_for_inference(module)

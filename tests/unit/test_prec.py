@@ -41,6 +41,7 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     Plan,
     Precisions,
@@ -85,7 +86,7 @@ def load_component(
         ServingOptions(runtime_device=CPU, dit_cpu_offload=offload, precisions=precisions)
     )
     return loader.load_pipeline_component(
-        root, component, args, platform=NO_CUDA, models=MODEL_CLASSES
+        ComponentRequest(root, component, args, platform=NO_CUDA, models=MODEL_CLASSES)
     )
 
 
@@ -188,7 +189,7 @@ def test_the_command_line_gives_a_bf16_dit_and_an_fp32_vae_unless_told(
     assert rest == ["--zz-unrelated-option"]
     for component, dtype in zip(("transformer", "transformer_2", "vae"), wanted, strict=True):
         module = loader.load_pipeline_component(
-            root, component, args, platform=NO_CUDA, models=MODEL_CLASSES
+            ComponentRequest(root, component, args, platform=NO_CUDA, models=MODEL_CLASSES)
         )
         assert_values_are_the_file_in(module, saved(root / component), lambda _, d=dtype: d)
 

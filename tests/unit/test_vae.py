@@ -73,7 +73,14 @@ from reference.kit.fakes.vae_checkpoints import (
     write_defective_vae_checkpoint,
     write_vae_checkpoint,
 )
-from reference.kit.seam import PIPELINES, VAE_STREAM, SeamLoader, ServingOptions, VaeRequest
+from reference.kit.seam import (
+    PIPELINES,
+    VAE_STREAM,
+    ComponentRequest,
+    SeamLoader,
+    ServingOptions,
+    VaeRequest,
+)
 from reference.request.quantization import QuantizationSpec
 
 pytestmark = pytest.mark.capability(VAE_STREAM)
@@ -1063,7 +1070,7 @@ def test_streamed_requires_grad_is_the_ordinary_paths_and_never_on_float8(
     root = write_pipeline(tmp_path / "pipeline", {"vae": FakeComponent(PipelineVAE, seed=3)})
     args = loader.make_server_args(ServingOptions(runtime_device=runtime_device))
     ordinary = loader.load_pipeline_component(
-        root, "vae", args, platform=FakePlatform(cuda=False), models=MODEL_CLASSES
+        ComponentRequest(root, "vae", args, platform=FakePlatform(cuda=False), models=MODEL_CLASSES)
     )
     streamed, _ = loader.load_vae(VaeRequest(PipelineVAE, root / "vae", device=runtime_device))
     wanted = {n: p.requires_grad for n, p in ordinary.named_parameters()}

@@ -39,7 +39,7 @@ from reference.kit.fakes.layers import (
     default_weight_loader,
 )
 from reference.kit.fakes.quant import OnlineFp8LinearMethod
-from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader
+from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader, StateRequest
 from reference.report.summary import LoadReport
 
 pytestmark = pytest.mark.capability(ZERO_COPY)
@@ -496,7 +496,7 @@ def assert_copied(param: torch.Tensor, handed: torch.Tensor, dtype: torch.dtype)
 def load(loader: SeamLoader, p: Probe, plan: PlanLike) -> LoadReport:
     """Load `p`; its report (only the ZC-14 tests read it)."""
     return loader.load_full_state(
-        p.module, [("layer.weight", p.tensor)], plan=plan, kinds=LINEAR_KINDS
+        StateRequest(p.module, [("layer.weight", p.tensor)], plan=plan, kinds=LINEAR_KINDS)
     )
 
 

@@ -36,10 +36,12 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     Plan,
     SeamLoader,
     ServingOptions,
+    StateRequest,
     VaeRequest,
 )
 
@@ -120,7 +122,7 @@ def test_full_state_load_keeps_buffers_buffers(loader: SeamLoader, tmp_path: Pat
     path, _ = rotary_checkpoint(tmp_path, 1)
     module = slots_on_meta(RotaryDiT())
     state = file_state(path)
-    loader.load_full_state(module, state.items(), plan=Plan(CPU), kinds=LINEAR_KINDS)
+    loader.load_full_state(StateRequest(module, state.items(), plan=Plan(CPU), kinds=LINEAR_KINDS))
     assert_buffers_stay_buffers(module, RotaryDiT(), state, non_persistent=True)
 
 
@@ -203,7 +205,7 @@ def test_pipeline_components_keep_buffers_buffers(
         ServingOptions(runtime_device=runtime_device, dit_cpu_offload=offload)
     )
     module = loader.load_pipeline_component(
-        pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES
+        ComponentRequest(pipeline, component, args, platform=NO_CUDA, models=MODEL_CLASSES)
     )
     spec = COMPONENTS[component]
     is_dit = component.startswith("transformer")

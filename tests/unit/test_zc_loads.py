@@ -56,7 +56,15 @@ from reference.kit.fakes.layers import (
 )
 from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
 from reference.kit.fakes.load_paths import sees_zc3
-from reference.kit.seam import DIRECT_DIT, ZERO_COPY, DitRequest, Plan, PlanLike, SeamLoader
+from reference.kit.seam import (
+    DIRECT_DIT,
+    ZERO_COPY,
+    DitRequest,
+    Plan,
+    PlanLike,
+    SeamLoader,
+    StateRequest,
+)
 from reference.read.checkpoint import TensorReader, open_checkpoint
 from reference.request.quantization import QuantizationSpec
 
@@ -148,7 +156,7 @@ def test_plain_torch_parameters_are_adopted_as_they_are(
     module = built_plain()
     state = {n: t.to(device) for n, t in random_state(module, seed=1).items()}
     plan = Plan(checkpoint_load_device=device, load_full_state_dict_on_device=mode == "direct")
-    loader.load_full_state(module, state.items(), plan=plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(StateRequest(module, state.items(), plan=plan, kinds=LINEAR_KINDS))
     # The model's own parameters; that its buffer stays a buffer is ZC-15's to judge.
     for name in sorted(parameters_of(built_plain())):
         param = module.get_parameter(name)
@@ -168,7 +176,9 @@ def test_plain_torch_parameters_of_another_dtype_are_converted_once(
     state = random_state(module, dtype=dtype, seed=2)
     conversions = CountConversions()
     with conversions:
-        loader.load_full_state(module, state.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+        loader.load_full_state(
+            StateRequest(module, state.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+        )
     assert conversions.elements == sum(t.numel() for t in state.values())
     for name, tensor in module.state_dict(keep_vars=True).items():
         assert tensor.data_ptr() != state[name].data_ptr(), name
@@ -248,7 +258,9 @@ def test_adopted_tensor_becomes_the_parameter_keeping_its_attributes(
     with torch.device("meta"):
         module = Holder(LAYERS[kind](3, 4))
     module.requires_grad_(True)
-    loader.load_full_state(module, tensors.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(
+        StateRequest(module, tensors.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     layer = module.layer
     for name, param in (("layer.weight", layer.weight), ("layer.bias", layer.bias)):
         assert type(param) is nn.Parameter
@@ -474,7 +486,9 @@ def test_wrong_shape_without_weight_loader_is_refused_by_name(
         module = nn.Sequential(nn.LayerNorm(4))
     tensors = [("0.weight", torch.ones(5)), ("0.bias", torch.zeros(4))]
     refusal(
-        lambda: loader.load_full_state(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS),
+        lambda: loader.load_full_state(
+            StateRequest(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS)
+        ),
         "0.weight",
     )
     assert module[0].weight.is_meta, "a failed load must leave the module untouched"
@@ -499,7 +513,7 @@ def assert_one_adoption_one_copy(
     module = pair()
     values = {name: tensor.clone() for name, tensor in tensors}
     try:
-        loader.load_full_state(module, tensors, plan=plan, kinds=LINEAR_KINDS)
+        loader.load_full_state(StateRequest(module, tensors, plan=plan, kinds=LINEAR_KINDS))
     except ValueError:
         assert all(p.is_meta for p in module.parameters())
         return
@@ -546,7 +560,7 @@ def test_disjoint_views_of_one_storage_are_both_adopted(
     base = torch.randn(24) + 5
     tensors = [("a.weight", base[0:12].view(4, 3)), ("b.weight", base[12:24].view(4, 3))]
     module = pair()
-    loader.load_full_state(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(StateRequest(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS))
     for name, tensor in tensors:
         assert module.get_parameter(name).data_ptr() == tensor.data_ptr(), name
 
@@ -562,7 +576,7 @@ def test_parameters_the_model_ties_stay_tied(
     tensors = [("a.weight", tensor)] + (
         [("b.weight", tensor.clone())] if alias_in_checkpoint else []
     )
-    loader.load_full_state(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(StateRequest(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS))
     assert module["a"].weight is module["b"].weight
     assert module["a"].weight.data_ptr() == tensor.data_ptr()
 
@@ -585,7 +599,9 @@ def test_names_that_do_not_fit_are_refused_leaving_the_module_untouched(
     module = pair()
     tensors = [(name, torch.randn(4, 3)) for name in names]
     refusal(
-        lambda: loader.load_full_state(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS),
+        lambda: loader.load_full_state(
+            StateRequest(module, tensors, plan=offload_plan, kinds=LINEAR_KINDS)
+        ),
         named,
     )
     assert all(p.is_meta for p in module.parameters())
@@ -607,7 +623,7 @@ def test_reference_words_a_name_mismatch(
 ) -> None:
     tensors = [(name, torch.randn(4, 3)) for name in names]
     with pytest.raises(ValueError, match=words):
-        loader.load_full_state(pair(), tensors, plan=offload_plan, kinds=LINEAR_KINDS)
+        loader.load_full_state(StateRequest(pair(), tensors, plan=offload_plan, kinds=LINEAR_KINDS))
 
 
 @pytest.mark.rule("CKPT-5")
@@ -714,7 +730,9 @@ def test_write_reaches_the_shared_mapping_but_not_the_file(
     tensors = read_all(path)
     with torch.device("meta"):
         module = Holder(ReplicatedLinear(3, 4))
-    loader.load_full_state(module, tensors.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    loader.load_full_state(
+        StateRequest(module, tensors.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     module.layer.weight.data.fill_(7.0)
     assert torch.equal(tensors["layer.weight"], torch.full((4, 3), 7.0))  # one memory...
     assert digest([path]) == before  # ...mapped copy-on-write
@@ -802,7 +820,9 @@ def test_serialized_fp8_copies_are_reported_for_their_quant_method(
 def test_reference_copies_persistent_buffers(loader: SeamLoader, offload_plan: PlanLike) -> None:
     module = built_plain()
     state = random_state(module, seed=5)
-    report = loader.load_full_state(module, state.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    report = loader.load_full_state(
+        StateRequest(module, state.items(), plan=offload_plan, kinds=LINEAR_KINDS)
+    )
     assert module.get_buffer("time_scale").data_ptr() != state["time_scale"].data_ptr()
     (record,) = [r for r in report.records if r.name == "time_scale"]
     assert record.how == "copied"

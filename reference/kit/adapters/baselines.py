@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -28,7 +28,15 @@ from torch import nn
 
 from reference.errors import StateMismatchError
 from reference.kit.adapters.reference import ReferencePlans
-from reference.kit.seam import VAE_STREAM, ZERO_COPY, DitRequest, PlanLike, Unsupported, VaeRequest
+from reference.kit.seam import (
+    VAE_STREAM,
+    ZERO_COPY,
+    DitRequest,
+    PlanLike,
+    StateRequest,
+    Unsupported,
+    VaeRequest,
+)
 from reference.place.adopt import LinearKinds, Verdict
 from reference.place.postload import OffloadOptions
 from reference.place.records import TensorRecord
@@ -109,20 +117,13 @@ class PlainLoadStateDict(ReferencePlans):
         """What load_state_dict does with this tensor: copy it, always."""
         return Verdict(False, "load_state_dict copies every tensor")
 
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
-        device = plan.checkpoint_load_device
-        state = {name: tensor.to(device) for name, tensor in tensors}
+    def load_full_state(self, request: StateRequest) -> LoadReport:
+        device = request.plan.checkpoint_load_device
+        state = {name: tensor.to(device) for name, tensor in request.tensors}
+        module = request.module
         if not self.assign:
             module.to_empty(device=device)  # a model built on meta has no storage to copy into
-        return self.fill(module, state, plan=plan, component=component)
+        return self.fill(module, state, plan=request.plan, component=request.component)
 
     def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         refuse_precision(request.dtype)

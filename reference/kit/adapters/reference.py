@@ -7,7 +7,7 @@ contract's capabilities to the reference's modules.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ from reference.kit.seam import (
     TENSOR_PARALLEL,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     PlanLike,
     ServingOptions,
+    StateRequest,
     VaeRequest,
 )
 from reference.load import dit, loaders
@@ -128,25 +130,17 @@ class ReferenceAdapter(ReferencePlans):
             param, checkpoint_tensor, target, kinds=kinds, direct_device=direct_device
         )
 
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
-        real = self._plan(plan)
+    def load_full_state(self, request: StateRequest) -> LoadReport:
+        real = self._plan(request.plan)
         records = adopt.load_full_state(
-            module,
-            tensors,
+            request.module,
+            request.tensors,
             load_device=real.checkpoint_load_device,
-            kinds=kinds,
+            kinds=request.kinds,
             direct=real.load_full_state_dict_on_device,
-            steps=self.dit_steps(plan, fsdp=False).adopt,
+            steps=self.dit_steps(request.plan, fsdp=False).adopt,
         )
-        return LoadReport(component=component, plan=real, records=records, events=("load",))
+        return LoadReport(component=request.component, plan=real, records=records, events=("load",))
 
     def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         return self.load_dit_with(request, self.dit_steps(request.plan, fsdp=request.fsdp))
@@ -256,24 +250,17 @@ class ReferenceAdapter(ReferencePlans):
             admission.DirectRequest(component, args_mod.COMPONENT_DIRECT_FLAG)
         ) or support.covers(admission.DirectRequest(component, args_mod.DIRECT_FLAG))
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[nn.Module]] | None = None,
-    ) -> torch.nn.Module:
-        pipeline = pipeline_mod.read_pipeline(pipeline_dir)
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        pipeline = pipeline_mod.read_pipeline(request.pipeline_dir)
+        args = own_server_args(request.args)
         # PREC-3 needs the pipeline's declared components, as `load_pipeline`'s admission has.
-        admission.refuse_undeclared_precisions(own_server_args(args), pipeline.names)
-        spec = pipeline.component(component)
+        admission.refuse_undeclared_precisions(args, pipeline.names)
+        spec = pipeline.component(request.component)
         registry = pipeline_mod.ModelRegistry()
-        for class_name, cls in (models or {}).items():
+        for class_name, cls in (request.models or {}).items():
             registry.register(cls, name=class_name)
-        loader = load.loader_for(component, registry=registry, platform=platform)
-        module: torch.nn.Module = loader.load(spec, own_server_args(args)).module
+        loader = load.loader_for(request.component, registry=registry, platform=request.platform)
+        module: torch.nn.Module = loader.load(spec, args).module
         return module
 
     def check_device_memory(

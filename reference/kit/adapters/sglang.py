@@ -86,6 +86,7 @@ from reference.kit.seam import (
     QuantizationSpec,
     ServerArgsLike,
     ServingOptions,
+    StateRequest,
     TensorRecord,
     Unsupported,
     VaeRequest,
@@ -562,20 +563,13 @@ class SglangLoader:
             return Verdict(True)
         return Verdict(False, "sglang's load gave the slot fresh memory")
 
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
+    def load_full_state(self, request: StateRequest) -> LoadReport:
         """`load_model_from_full_model_state_dict(strict=True)` on the plan's load device, with
         adoption of device tensors in direct mode, as `maybe_load_fsdp_model` calls it."""
-        real = self._plan(plan)
-        handed = list(tensors)
-        with _standard_linears(self.lib, kinds):
+        real = self._plan(request.plan)
+        handed = list(request.tensors)
+        module = request.module
+        with _standard_linears(self.lib, request.kinds):
             self.lib.load_full_state(
                 module,
                 iter(handed),
@@ -585,7 +579,7 @@ class SglangLoader:
                 param_names_mapping=self.lib.get_param_names_mapping({}),
                 allow_device_tensor_assignment=real.load_full_state_dict_on_device,
             )
-        return _report(component, real, self._records(module, handed))
+        return _report(request.component, real, self._records(module, handed))
 
     def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
         """`maybe_load_fsdp_model` with the plan, as sglang's transformer loader calls it.

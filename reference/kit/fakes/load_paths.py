@@ -32,6 +32,7 @@ from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
     ZERO_COPY,
+    ComponentRequest,
     DitRequest,
     Plan,
     SeamLoader,
@@ -114,7 +115,7 @@ def load_component(
     )
     platform = FakePlatform(cuda=runtime_device.type == "cuda")
     return loader.load_pipeline_component(
-        root, component, args, platform=platform, models=MODEL_CLASSES
+        ComponentRequest(root, component, args, platform=platform, models=MODEL_CLASSES)
     )
 
 

@@ -140,7 +140,7 @@ MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
     )
 }
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
-(`load_pipeline_component(..., models=MODEL_CLASSES)`), and what
+(`load_pipeline_component(ComponentRequest(..., models=MODEL_CLASSES))`), and what
 `python -m reference load DIR --models reference.kit.fakes.pipelines` registers."""
 
 

@@ -12,7 +12,7 @@ import torch
 
 from reference.errors import ArgumentError, DeviceMemoryError
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import ServingOptions
+from reference.kit.seam import ComponentRequest, ServingOptions
 from reference.load.loaders import loader_kind
 from reference.read.checkpoint import open_checkpoint
 from reference.request import admission
@@ -281,24 +281,15 @@ class ReadsBeforeRefusingQuantizedDirect(BrokenAdapter):
     name = "broken-reads-before-refusing-quantized-direct"
     breaks = frozenset({"DG-3"})
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[torch.nn.Module]] | None = None,
-    ) -> torch.nn.Module:
-        spec = read_pipeline(pipeline_dir).component(component)
-        own = own_server_args(args)
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        spec = read_pipeline(request.pipeline_dir).component(request.component)
+        own = own_server_args(request.args)
         quantized = spec.quantization is not None or own.quantization is not None
-        if own.direct_gpu_weight_loading and quantized and loader_kind(component) == "transformer":
+        dit = loader_kind(request.component) == "transformer"
+        if own.direct_gpu_weight_loading and quantized and dit:
             for file in open_checkpoint(spec.folder).files:
                 file.read_bytes()  # everything, before the refusal
-        return super().load_pipeline_component(
-            pipeline_dir, component, args, platform=platform, models=models
-        )
+        return super().load_pipeline_component(request)
 
 
 class ChecksOnlyTheMainTransformer(BrokenAdapter):
@@ -321,24 +312,15 @@ class IgnoresUnsupportedRequests(BrokenAdapter):
     name = "broken-ignores-unsupported-requests"
     breaks = frozenset({"ADM-3", "ADM-5"})
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[torch.nn.Module]] | None = None,
-    ) -> torch.nn.Module:
-        own = own_server_args(args)
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        own = own_server_args(request.args)
+        component = request.component
         if not self.loader_supports_direct(loader_kind(component), component):
             kept = {
                 k: v for k, v in own.component_direct_gpu_weight_loading.items() if k != component
             }
             own = dataclasses.replace(own, component_direct_gpu_weight_loading=kept)
-        return super().load_pipeline_component(
-            pipeline_dir, component, own, platform=platform, models=models
-        )
+        return super().load_pipeline_component(dataclasses.replace(request, args=own))
 
 
 class StreamsVaesByDefault(BrokenAdapter):
@@ -347,23 +329,14 @@ class StreamsVaesByDefault(BrokenAdapter):
     name = "broken-streams-vaes-by-default"
     breaks = frozenset({"ADM-6"})
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[torch.nn.Module]] | None = None,
-    ) -> torch.nn.Module:
-        own = own_server_args(args)
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        own = own_server_args(request.args)
+        component = request.component
         selection: Mapping[str, bool] = own.component_direct_gpu_weight_loading
         if component in ("vae", "video_vae") and component not in selection:
             selection = {**selection, component: True}
             own = dataclasses.replace(own, component_direct_gpu_weight_loading=selection)
-        return super().load_pipeline_component(
-            pipeline_dir, component, own, platform=platform, models=models
-        )
+        return super().load_pipeline_component(dataclasses.replace(request, args=own))
 
 
 class NoMemoryMargin(BrokenAdapter):

@@ -14,7 +14,7 @@ from torch import nn
 
 from reference.errors import CheckpointError
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import DitRequest, VaeRequest
+from reference.kit.seam import ComponentRequest, DitRequest, VaeRequest
 from reference.load import dit
 from reference.place.modules import Slot
 from reference.place.stream import StreamPlan
@@ -29,7 +29,6 @@ from reference.read.checkpoint import (
 )
 from reference.read.header import DTYPES, PICKLE_SUFFIXES, TensorInfo, read_header
 from reference.report.summary import LoadReport
-from reference.request.args import ServerArgsLike
 from reference.request.platform import Platform
 
 __all__ = [
@@ -200,23 +199,10 @@ class RefusesUnindexedFoldersAndDotfiles(FolderPolicy):
             )
         return path
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[nn.Module]] | None = None,
-    ) -> torch.nn.Module:
-        self.resolve(_path(pipeline_dir) / component)  # a component's weights live in its folder
-        return super().load_pipeline_component(
-            pipeline_dir,
-            component,
-            args,
-            platform=platform,
-            models=models,
-        )
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        # A component's weights live in its folder.
+        self.resolve(_path(request.pipeline_dir) / request.component)
+        return super().load_pipeline_component(request)
 
 
 def with_dotfiles(path: Path) -> Checkpoint | None:

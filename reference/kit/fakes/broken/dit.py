@@ -4,7 +4,6 @@ direct reads (DG-4), and post-load processing with deferred offload (FP8-2, FP8-
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -15,9 +14,9 @@ from torch import nn
 from reference.errors import QuantizationLoadError, StateMismatchError
 from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.fakes.broken.readers import SharedMapReader
-from reference.kit.seam import DitRequest, PlanLike
+from reference.kit.seam import DitRequest, PlanLike, StateRequest
 from reference.load.dit import REFERENCE_DIT_STEPS, DiTSteps
-from reference.place.adopt import AdoptedBytes, AdoptSteps, LinearKinds, copy_to_fresh
+from reference.place.adopt import AdoptedBytes, AdoptSteps, copy_to_fresh
 from reference.place.modules import Slot
 from reference.place.postload import offload_to_cpu, process_weights
 from reference.read.checkpoint import Checkpoint, TensorReader
@@ -61,19 +60,9 @@ class DiTDefect(BrokenAdapter):
     def after(self, module: nn.Module, report: LoadReport) -> None:
         """What this loader does to a loaded module before handing it out."""
 
-    def load_full_state(
-        self,
-        module: nn.Module,
-        tensors: Iterable[tuple[str, torch.Tensor]],
-        *,
-        plan: PlanLike,
-        kinds: LinearKinds,
-        component: str = "transformer",
-    ) -> LoadReport:
-        report = super().load_full_state(
-            module, tensors, plan=plan, kinds=kinds, component=component
-        )
-        self.after(module, report)
+    def load_full_state(self, request: StateRequest) -> LoadReport:
+        report = super().load_full_state(request)
+        self.after(request.module, report)
         return report
 
     def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:

@@ -4,20 +4,18 @@ loader that "supports precision" plausibly gets it wrong."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.seam import DitRequest, PlanLike, VaeRequest
+from reference.kit.seam import ComponentRequest, DitRequest, PlanLike, VaeRequest
 from reference.load.dit import DiTSteps
 from reference.read.checkpoint import Checkpoint, TensorReader
 from reference.report.summary import LoadReport
 from reference.request.args import ServerArgsLike, own_server_args
 from reference.request.model_index import is_transformer_component, read_pipeline
-from reference.request.platform import Platform
 
 __all__ = [
     "AcceptsUndeclaredPrecisions",
@@ -55,20 +53,10 @@ class PrecisionDefect(BrokenAdapter):
         steps = self.steps_for(dtype, request.plan)
         return self.load_dit_with(dataclasses.replace(request, dtype=self.dtype_for(dtype)), steps)
 
-    def load_pipeline_component(
-        self,
-        pipeline_dir: Path,
-        component: str,
-        args: ServerArgsLike,
-        *,
-        platform: Platform,
-        models: Mapping[str, type[nn.Module]] | None = None,
-    ) -> nn.Module:
-        args = self.component_args(args, pipeline_dir)
-        module = super().load_pipeline_component(
-            pipeline_dir, component, args, platform=platform, models=models
-        )
-        self.after_component(module, args, component)
+    def load_pipeline_component(self, request: ComponentRequest) -> nn.Module:
+        args = self.component_args(request.args, request.pipeline_dir)
+        module = super().load_pipeline_component(dataclasses.replace(request, args=args))
+        self.after_component(module, args, request.component)
         return module
 
 
