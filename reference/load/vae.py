@@ -72,9 +72,12 @@ __all__ = [
     "VAE_DEFAULTS",
     "VAEOptions",
     "VAESteps",
+    "build_vae",
     "load_vae",
+    "refuse_beyond_room",
     "refuse_quantized_metadata",
     "refuse_unsupported_config",
+    "stream_tensors",
     "vae_reader",
 ]
 
@@ -257,32 +260,15 @@ def load_vae(
     refuse_unsupported_config(component, config, quantization)
     checkpoint = open_checkpoint(checkpoint_path)
     refuse_quantized_metadata(component, checkpoint.file_metadata)
-    # The construction may take no more host memory than its checkpoint explains (tables).
-    with construction_guard(
-        component, checkpoint_bytes=checkpoint.total_bytes, ordinary=False, config=config
-    ):
-        module = steps.build(build, component=component)
-    if dtype is not None:
-        cast_slots(module, dtype)
-    steps.refuse_buffers(module, component=component)
+    module = build_vae(
+        build, checkpoint, component=component, config=config, dtype=dtype, steps=steps
+    )
     if decode_dtype is not None:
         require_decode_dtype_support(module, decode_dtype, component=component)
     slots = state_slots(module, component=component, checks=steps.slot_checks)
     plan = steps.preflight(checkpoint, slots, component=component)
-    if device.type == "cpu":
-        host_bytes = available_host_bytes() if options.host_bytes is None else options.host_bytes
-        needed = sum(slot_bytes(slots[name].tensor) for name in plan.names)
-        what = "streaming every tensor into the CPU model"
-        fix = VAE_FIX.format(component=component)
-        refuse_beyond_host(component, needed, available=host_bytes, what=what, fix=fix)
-    if steps.reader is not None:
-        reader = steps.reader(checkpoint)
-    else:
-        reader = vae_reader(checkpoint, slots, reading=options.reading, device=device)
-    try:
-        records, filled = steps.stream(reader, slots, plan, device=device)
-    finally:
-        reader.close()
+    refuse_beyond_room(slots, plan, device=device, options=options, component=component)
+    records, filled = stream_tensors(checkpoint, slots, plan, device=device, options=options)
     buffers = steps.rebuild_buffers(module, device=device, component=component)
     steps.check_state_kept(module, filled, component=component)
     policy = apply_vae_policy(
@@ -292,10 +278,80 @@ def load_vae(
     load_plan = WeightLoadPlan(
         checkpoint_load_device=device, load_full_state_dict_on_device=device.type != "cpu"
     )
-    # In eval mode, as diffusers' from_pretrained returns a model.
-    module.eval()
-    seconds = time.perf_counter() - start
     notes = skipped_notes(checkpoint.skipped)
-    return module, LoadReport(
+    seconds = time.perf_counter() - start
+    # In eval mode, as diffusers' from_pretrained returns a model.
+    return module.eval(), LoadReport(
         component, load_plan, records, seconds, events, notes, precision=dtype
     )
+
+
+def build_vae(
+    build: Callable[[], nn.Module],
+    checkpoint: Checkpoint,
+    *,
+    component: str,
+    config: Mapping[str, object] | None,
+    dtype: torch.dtype | None,
+    steps: VAESteps,
+) -> nn.Module:
+    """The VAE built on meta (`steps.build`), within the host memory its checkpoint explains
+    (a config.json that sizes a table past the weights is refused before it allocates), its
+    slots given `dtype` (PREC-1, PREC-2), and buffers nothing will rebuild refused (VAE-9).
+
+    Raises:
+        HostMemoryError, StateDictABIError: as the steps raise them.
+    """
+    with construction_guard(
+        component, checkpoint_bytes=checkpoint.total_bytes, ordinary=False, config=config
+    ):
+        module = steps.build(build, component=component)
+    if dtype is not None:
+        cast_slots(module, dtype)
+    steps.refuse_buffers(module, component=component)
+    return module
+
+
+def refuse_beyond_room(
+    slots: Mapping[str, Slot],
+    plan: StreamPlan,
+    *,
+    device: torch.device,
+    options: VAEOptions,
+    component: str,
+) -> None:
+    """A load onto the CPU whose slots would take more than the host memory it may is refused
+    after the preflight, before any tensor is read.
+
+    Raises:
+        HostMemoryError: naming the bytes, what is available and the fix.
+    """
+    if device.type != "cpu":
+        return
+    room = available_host_bytes() if options.host_bytes is None else options.host_bytes
+    needed = sum(slot_bytes(slots[name].tensor) for name in plan.names)
+    what = "streaming every tensor into the CPU model"
+    fix = VAE_FIX.format(component=component)
+    refuse_beyond_host(component, needed, available=room, what=what, fix=fix)
+
+
+def stream_tensors(
+    checkpoint: Checkpoint,
+    slots: Mapping[str, Slot],
+    plan: StreamPlan,
+    *,
+    device: torch.device,
+    options: VAEOptions,
+) -> tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]:
+    """Every tensor the preflight planned, streamed into its slot on `device` through the
+    steps' reader (the reference's `vae_reader` by default); the reader is closed either way.
+    Returns one record per tensor and the tensors each slot was given."""
+    steps = options.steps
+    if steps.reader is not None:
+        reader = steps.reader(checkpoint)
+    else:
+        reader = vae_reader(checkpoint, slots, reading=options.reading, device=device)
+    try:
+        return steps.stream(reader, slots, plan, device=device)
+    finally:
+        reader.close()
