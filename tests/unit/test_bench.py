@@ -454,6 +454,7 @@ def test_runs_are_spawned_once_cuda_is_initialised(tmp_path: Path, mocker: Mocke
     assert (forked.call_count, spawned.call_count) == (1, 1)
 
 
+@pytest.mark.long  # a fresh interpreter per run
 def test_a_spawned_run_gives_the_figures_of_a_run_in_process(
     folder: tuple[Path, dict[str, Any]],
 ) -> None:
@@ -476,6 +477,7 @@ def test_a_cuda_path_is_spawned_even_before_cuda_is_initialised(
     forked.assert_not_called()
 
 
+@pytest.mark.long  # a fresh interpreter per run
 def test_a_spawned_run_that_fails_says_why(tmp_path: Path) -> None:
     result = bench_runner.spawned(bench_paths.Job("dit_zero_copy", tmp_path / "missing"))
     assert result["path"] == "dit_zero_copy"
@@ -679,6 +681,7 @@ def test_pressure_counters_are_read_off_vmstat_and_printed_as_deltas(tmp_path: P
     assert format_pressure({}) == ""
 
 
+@pytest.mark.long  # the benchmark command end to end, every path in fresh processes
 def test_bench_command_with_cache_warm_runs_only_warm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -412,11 +412,30 @@ CLI_PIPELINES = [
 `tox -e selftest` (the library path judges every pipeline in the unit tier)."""
 
 
+FRESH = ("wan", "sharded")
+"""The one hub pipeline the command loads in a fresh interpreter, as a user runs it: the slowest
+case of the unit tier's CLI tests, so `tox -e selftest` runs it."""
+
+
 @pytest.mark.capability(PIPELINES)
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN_CLI)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("name", CLI_PIPELINES)
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [
+        pytest.param(
+            *case.values,
+            layout,
+            marks=(
+                *case.marks,
+                *((pytest.mark.long,) if (case.values[0], layout) == FRESH else ()),
+            ),
+            id=f"{case.values[0]}-{layout}",
+        )
+        for case in CLI_PIPELINES
+        for layout in LAYOUTS
+    ],
+)
 def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     hub: dict[str, Path], name: str, layout: str
 ) -> None:
@@ -426,7 +445,7 @@ def test_load_command_loads_a_hub_pipeline_and_adopts_the_offloaded_transformer(
     pipeline's own settings listed, not refused. Wan runs in a fresh interpreter."""
     root = hub[f"{name}-{layout}"]
     argv = (str(root), "--dit-cpu-offload", "--measure")
-    done = run_load_fresh(*argv) if (name, layout) == ("wan", "sharded") else run_load(*argv)
+    done = run_load_fresh(*argv) if (name, layout) == FRESH else run_load(*argv)
     assert done.returncode == 0, done.stderr
     found = sections(done.stdout)
     rows, skipped = table(done.stdout)
