@@ -1,19 +1,23 @@
-"""Component loaders: one `load()` template that admits first, then loads (ADM-3, ADM-5).
+"""Component loaders: one `load()` template that admits first, then loads (ADM-3, ADM-5), and its
+three kinds: the transformer (DiT), VAE and vocoder loaders.
 
 `ComponentLoader.load` runs, in this order and nowhere else:
   1. the loader gate (reference.request.admission.check_loader): refuses a request this loader
-  cannot
-     honour, before FSDP decisions, quantization overrides or any file access; then
+     cannot honour, before FSDP decisions, quantization overrides or any file access; then
      `admit_model`: the model class resolves and can take what is asked of it (a quantization),
      still before any file is opened;
   2. the hooks `fsdp_enabled` and `quantization_for`, then the plan;
-  3. `load_component`, the subclass's work. There is no fallback path: a refusal (any
+  3. `load_component`, the kind's work: `load_dit`, `load_vae` or the ordinary load
+     (reference.load.dit, .vae, .ordinary). There is no fallback path: a refusal (any
      `LoadError`, the no-fallback error among them) propagates as raised, and anything else that
      fails inside the load (torch, the OS, the model class) is wrapped in `ComponentLoadError`
      naming the component and the cause.
 
-A loader class declares its direct-GPU support once (`direct_support`); the loader gate and
-`DIRECT_SUPPORT` (for callers that only know a loader's kind) read that one declaration.
+A direct request is checked against free device memory (DG-6) before any byte moves. A loader
+class declares its direct-GPU support once (`direct_support`); the loader gate and
+`DIRECT_SUPPORT` (for callers that only know a loader's kind) read that one declaration. The
+base and its kinds share this file, so the template's call into a kind never returns into a
+module above it.
 """
 
 from __future__ import annotations

@@ -477,7 +477,13 @@ def test_a_cuda_path_is_spawned_even_before_cuda_is_initialised(
     forked.assert_not_called()
 
 
-@pytest.mark.long  # a fresh interpreter per run
+def test_preload_imports_what_the_paths_import_lazily() -> None:
+    """The server imports once what every forked child would otherwise import (and grow by)."""
+    bench_runner.preload()
+    if bench_paths.library_missing("diffusers") is None:
+        assert "diffusers.models.transformers" in sys.modules
+
+
 def test_a_spawned_run_that_fails_says_why(tmp_path: Path) -> None:
     result = bench_runner.spawned(bench_paths.Job("dit_zero_copy", tmp_path / "missing"))
     assert result["path"] == "dit_zero_copy"
@@ -679,6 +685,24 @@ def test_pressure_counters_are_read_off_vmstat_and_printed_as_deltas(tmp_path: P
     )
     assert format_pressure({"pressure_before": {}, "pressure_after": {}}) == ""
     assert format_pressure({}) == ""
+
+
+def test_the_bench_command_writes_the_figures_its_runner_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's own flow (folders, every path, the table, the JSON) with a runner that
+    answers without running: the end-to-end run in fresh processes is the selftest tier's."""
+    from reference.programs.bench.command import bench_command
+
+    jobs, answer = _fake_runner()
+    out = tmp_path / "out.json"
+    argv = ["--size-mib", "1", "--reps", "1", "--cache", "warm", "--json", str(out)]
+    assert bench_command(argv, runner=answer) == 0
+    (size,) = json.loads(out.read_text())["sizes"]
+    assert size["caches"] == ["warm"]
+    assert {job["cache"] for job in jobs} == {"warm"}
+    assert {job["path"] for job in jobs} >= {"dit_zero_copy", "dit_copy", "vae_stream"}
+    assert "python -m reference bench --size-mib 1" in capsys.readouterr().out
 
 
 @pytest.mark.long  # the benchmark command end to end, every path in fresh processes

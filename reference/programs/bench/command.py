@@ -354,8 +354,11 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
-    """`python -m reference bench ...`; returns the exit status (0 also when a target is missed)."""
+def bench_command(
+    argv: Sequence[str], *, platform: Platform = SYSTEM, runner: Runner | None = None
+) -> int:
+    """`python -m reference bench ...`; returns the exit status (0 also when a target is missed).
+    `runner` runs each job (default: a fresh fork or interpreter per run, `ServerRunner`)."""
     from reference.programs.bench.report import format_document, plot_available, write_plot
 
     parser = argparse.ArgumentParser(
@@ -399,6 +402,7 @@ def bench_command(argv: Sequence[str], *, platform: Platform = SYSTEM) -> int:
         threads=args.threads,
         caches=CACHE_CHOICES[args.cache],
         platform=platform,
+        runner=runner,
     )
     print(format_document(document))
     if args.json:
