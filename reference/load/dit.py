@@ -112,10 +112,10 @@ def build_dit(
     more before it went to meta (DG-5 counts device allocations).
 
     With `dtype`, the slots are then given the component's precision on meta
-    (`reference.request.precision.cast_slots`: PREC-1, PREC-2). With `checkpoint`, the construction
-    may take no more host memory than that checkpoint explains
-    (`reference.place.host_memory.construction_budget`: a config.json that sizes a table far past
-    the weights is refused before the table is allocated).
+    (`reference.place.cast.cast_slots`: PREC-1, PREC-2). With `checkpoint`, the construction may
+    take no more host memory than that checkpoint explains
+    (`reference.place.host_memory.construction_budget`: a config.json that sizes a table far
+    past the weights is refused before the table is allocated).
 
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
