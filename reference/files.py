@@ -36,6 +36,7 @@ __all__ = [
     "MAX_JSON_VALUES",
     "MAX_NUMBER_DIGITS",
     "check_json_budget",
+    "checkpoint_error",
     "load_json",
     "no_cyclic_gc",
     "open_regular",
@@ -56,8 +57,9 @@ _PAIR = re.compile(rb"\[\]|\{\}")
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
-def _error(path: Path, problem: str, entry: str | None = None) -> CheckpointError:
-    # CheckpointError shows the path and the entry printably itself.
+def checkpoint_error(path: Path, entry: str | None, problem: str) -> CheckpointError:
+    """The error for `path` (and `entry`, a tensor name or header field, or None); the error
+    shows both as one printable line itself."""
     return CheckpointError(os.fsdecode(path), entry, problem)
 
 
@@ -71,12 +73,15 @@ def regular_file_size(path: Path, *, what: str) -> int:
     try:
         status = os.stat(os.fsencode(path))
     except FileNotFoundError:
-        raise _error(path, f"{what} not found") from None
+        raise checkpoint_error(path, None, f"{what} not found") from None
     except OSError as exc:  # a link loop, a path too long, no permission
-        raise _error(path, f"{what} cannot be read ({exc.strerror or exc})") from None
+        raise checkpoint_error(
+            path, None, f"{what} cannot be read ({exc.strerror or exc})"
+        ) from None
     if not stat.S_ISREG(status.st_mode):
-        raise _error(
+        raise checkpoint_error(
             path,
+            None,
             f"is not a regular file (a folder, pipe, socket or device); give the {what} itself",
         )
     return status.st_size
@@ -94,13 +99,17 @@ def open_regular(path: Path, *, what: str) -> tuple[int, os.stat_result]:
     try:
         fd = os.open(os.fsencode(path), flags)
     except FileNotFoundError:
-        raise _error(path, f"{what} not found") from None
+        raise checkpoint_error(path, None, f"{what} not found") from None
     except OSError as exc:
-        raise _error(path, f"{what} cannot be opened ({exc.strerror or exc})") from None
+        raise checkpoint_error(
+            path, None, f"{what} cannot be opened ({exc.strerror or exc})"
+        ) from None
     status = os.fstat(fd)
     if not stat.S_ISREG(status.st_mode):
         os.close(fd)
-        raise _error(path, f"{what} was replaced by something that is not a regular file")
+        raise checkpoint_error(
+            path, None, f"{what} was replaced by something that is not a regular file"
+        )
     return fd, status
 
 
@@ -116,7 +125,9 @@ def read_bounded(path: Path, *, what: str, limit: int) -> bytes:
     """
     size = regular_file_size(path, what=what)
     if size > limit:
-        raise _error(path, f"{what} is {size} bytes; at most {limit} are read for a {what}")
+        raise checkpoint_error(
+            path, None, f"{what} is {size} bytes; at most {limit} are read for a {what}"
+        )
     fd, _ = open_regular(path, what=what)
     try:
         chunks, total = [], 0
@@ -127,11 +138,13 @@ def read_bounded(path: Path, *, what: str, limit: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
     except OSError as exc:
-        raise _error(path, f"{what} cannot be read ({exc.strerror or exc})") from None
+        raise checkpoint_error(
+            path, None, f"{what} cannot be read ({exc.strerror or exc})"
+        ) from None
     finally:
         os.close(fd)
     if total > limit:
-        raise _error(path, f"{what} grew past {limit} bytes while it was read")
+        raise checkpoint_error(path, None, f"{what} grew past {limit} bytes while it was read")
     return b"".join(chunks)
 
 
@@ -180,16 +193,18 @@ def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
         # Find the same number in the raw text to name the key in front of it.
         found = re.search(re.escape(long_number.group()), raw)
         key = _key_before(raw, found.start() if found else len(raw))
-        raise _error(
+        raise checkpoint_error(
             path,
+            key,
             f"{what} holds a number of {len(long_number.group())} digits or more; no field of"
             f" a checkpoint needs more than {MAX_NUMBER_DIGITS}",
-            key,
         )
     values = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
     if values > MAX_JSON_VALUES:
-        raise _error(
-            path, f"{what} holds about {values} JSON values; at most {MAX_JSON_VALUES} are parsed"
+        raise checkpoint_error(
+            path,
+            None,
+            f"{what} holds about {values} JSON values; at most {MAX_JSON_VALUES} are parsed",
         )
     brackets = bare.translate(None, _NOT_BRACKETS)
     for _ in range(MAX_JSON_DEPTH):
@@ -199,8 +214,8 @@ def check_json_budget(path: Path, raw: bytes, *, what: str) -> None:
     # Still deeper, unless what is left has no innermost pair: unbalanced text, which the
     # parser itself refuses as not JSON.
     if brackets and _PAIR.search(brackets):
-        raise _error(
-            path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels", _too_deep_entry(raw)
+        raise checkpoint_error(
+            path, _too_deep_entry(raw), f"{what} nests deeper than {MAX_JSON_DEPTH} levels"
         )
 
 
@@ -252,10 +267,10 @@ def load_json(path: Path, raw: bytes, what: str) -> object:
         with no_cyclic_gc():
             return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except _DuplicateKeyError as dup:
-        raise _error(
-            path, f"{what} names {dup.key!r} twice; names must be unique", entry=dup.key
+        raise checkpoint_error(
+            path, dup.key, f"{what} names {dup.key!r} twice; names must be unique"
         ) from None
     # ValueError covers bad UTF-8, bad JSON and integers too long to convert; RecursionError covers
     # nesting too deep for the parser.
     except (ValueError, RecursionError) as exc:
-        raise _error(path, f"{what} is not valid JSON ({exc})") from None
+        raise checkpoint_error(path, None, f"{what} is not valid JSON ({exc})") from None

@@ -368,7 +368,7 @@ def place_tensors(
             kinds=kinds,
             direct=direct,
             adopt=options.adopt,
-            fresh=set(reader.fresh_names),
+            fresh=reader.fresh_names,
             steps=steps.adopt,
             host_bytes=host_bytes,
             component=component,

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from reference.errors import CheckpointError, shown
-from reference.files import MAX_INDEX_BYTES, load_json, read_bounded
+from reference.files import MAX_INDEX_BYTES, checkpoint_error, load_json, read_bounded
 from reference.read.header import (
     DTYPES,
     MAX_HEADER_BYTES,
@@ -31,7 +31,6 @@ from reference.read.header import (
     FileIdentity,
     ShardHeader,
     TensorInfo,
-    checkpoint_error,
     read_header,
     refuse_pickle,
 )

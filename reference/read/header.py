@@ -18,8 +18,13 @@ from pathlib import Path
 
 import torch
 
-from reference.errors import CheckpointError
-from reference.files import load_json, no_cyclic_gc, open_regular, regular_file_size
+from reference.files import (
+    checkpoint_error,
+    load_json,
+    no_cyclic_gc,
+    open_regular,
+    regular_file_size,
+)
 
 __all__ = [
     "DTYPES",
@@ -28,7 +33,6 @@ __all__ = [
     "FileIdentity",
     "ShardHeader",
     "TensorInfo",
-    "checkpoint_error",
     "read_header",
     "refuse_pickle",
 ]
@@ -97,12 +101,6 @@ class ShardHeader:
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, str] = field(default_factory=dict)
     identity: FileIdentity | None = None
-
-
-def checkpoint_error(path: Path, entry: str | None, problem: str) -> CheckpointError:
-    """The error for `path` (and `entry`, a tensor name or header field, or None); the error
-    shows both as one printable line itself."""
-    return CheckpointError(os.fsdecode(path), entry, problem)
 
 
 def refuse_pickle(path: Path) -> None:

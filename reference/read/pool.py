@@ -37,8 +37,9 @@ from pathlib import Path
 import torch
 
 from reference.errors import ArgumentError
+from reference.files import checkpoint_error
 from reference.read.checkpoint import Checkpoint, TensorReader, truncation
-from reference.read.header import TensorInfo, checkpoint_error
+from reference.read.header import TensorInfo
 from reference.read.prefetch import SAMPLE_BYTES, cached_samples, populate, prefetch_supported
 from reference.read.reading import ReadOptions
 
