@@ -8,11 +8,17 @@ Layers, from the bottom; a module imports its own layer and those below it, neve
   report    reference.report.*: the load report and process memory;
   load      reference.load.*: the spine that runs the steps in order;
   facade    reference (its __init__): the public names;
-  kit       reference.kit.* (its fakes included): the library;
-  programs  reference.__main__, reference.programs.*: the library and the kit;
+  kit       reference.kit.*: the suite's machinery (seam, plugin, adapters, isolated attempts);
+  fakes     fakes.* (top level, beside reference/): the doubles the tests load, broken loaders
+            among them (each the reference's adapter with one defect);
+  judging   reference.kit.judging.*: the helpers that judge a loader by driving it over the
+            fakes and reading the evidence it leaves;
+  programs  reference.__main__, reference.programs.*: the library, the kit and the fakes (the
+            demo's and the bench's models);
   tests     tests.*: anything.
 So the steps a load runs in order (request -> read -> place -> report) each import only the
-steps before them, and only the spine and the programs see them all. Every import counts, at
+steps before them, only the spine and the programs see them all, and the loader never imports
+the fakes. Every import counts, at
 module level or inside a function, because a lazy import is still a dependency. Shipped code
 never names the repository's `tests` (the wheel installs it only as reference.kit.suite).
 Exits 1 naming each offending import and each cycle; 0 prints a summary.
@@ -35,6 +41,8 @@ LAYERS = (
     "load",
     "facade",
     "kit",
+    "fakes",
+    "judging",
     "programs",
     "tests",
 )
@@ -44,7 +52,7 @@ STEPS = ("request", "read", "place", "report", "load", "programs")
 
 def module_files() -> Iterator[tuple[str, Path]]:
     """Every module of the project, named as it is imported (a file's place is its name)."""
-    trees = {"reference": ROOT / "reference", "tests": ROOT / "tests"}
+    trees = {"reference": ROOT / "reference", "fakes": ROOT / "fakes", "tests": ROOT / "tests"}
     for top, folder in trees.items():
         for path in sorted(folder.rglob("*.py")):
             yield dotted(top, path.relative_to(folder)), path
@@ -58,6 +66,10 @@ def dotted(top: str, relative: Path) -> str:
 def layer(module: str) -> str:
     if module == "tests" or module.startswith("tests."):
         return "tests"
+    if module == "fakes" or module.startswith("fakes."):
+        return "fakes"
+    if module == "reference.kit.judging" or module.startswith("reference.kit.judging."):
+        return "judging"
     if module == "reference":
         return "facade"
     if module == "reference.__main__":
@@ -141,8 +153,7 @@ def main() -> int:
     for name, path in files.items():
         where = path.relative_to(ROOT)
         for line, imported in imports(name, path, known):
-            top = imported.split(".")[0]
-            if top in {"fakes", "tests"} and layer(name) != "tests":
+            if imported.split(".")[0] == "tests" and layer(name) != "tests":
                 problems.append(f"{where}:{line}: {name} imports {imported}; use reference.kit")
                 continue
             target = project(imported, known)

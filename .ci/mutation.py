@@ -73,7 +73,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 }
 
 # Copied into the work folder (filtered by git so no caches or build outputs travel along).
-COPIED = ("reference", "tests", "pyproject.toml")
+COPIED = ("reference", "fakes", "tests", "pyproject.toml")
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def mutmut_config(module: str, tests: list[str], deselect: list[str], slack: flo
         "source_paths = reference",
         f"only_mutate = reference/{STEP[module]}/{module}.py",
         f"timeout_multiplier = {slack}",
-        "also_copy =\n    tests",
+        "also_copy =\n    fakes\n    tests",
         "pytest_add_cli_args_test_selection =",
         *(f"    {t}" for t in tests),
         "pytest_add_cli_args =",

@@ -14,15 +14,17 @@ shipped=$(python3 -m zipfile -l "$wheel" | grep -cE '^reference/kit/suite/test_[
 in_repo=$(ls "$root"/tests/unit/test_*.py | wc -l)
 echo "wheel $(basename "$wheel"): $shipped contract test files (tests/unit holds $in_repo)"
 [ "$shipped" -eq "$in_repo" ]
-# One package: the wheel installs `reference` and nothing else at the top of site-packages.
+# Two packages: the wheel installs `reference` and, beside it, `fakes` (the doubles the suite
+# loads), and nothing else at the top of site-packages.
 tops=$(python3 -m zipfile -l "$wheel" | awk 'NR > 1 {print $1}' | grep -v '\.dist-info/' | cut -d/ -f1 | sort -u | tr '\n' ' ')
 echo "wheel top-level packages: $tops"
-[ "$tops" = "reference " ]
+[ "$tops" = "fakes reference " ]
 python3 -m venv "$work/venv"
 # PIP_CONSTRAINT (set by .ci/run) keeps torch on its CPU build here too.
 "$work/venv/bin/python" -m pip install --quiet "$wheel[test]"
 mkdir "$work/elsewhere" && cd "$work/elsewhere"
 # The package registers no pytest plugin: an unrelated pytest run imports neither torch nor it.
+"$work/venv/bin/python" -c "import fakes, reference; print('import fakes, reference: from', fakes.__file__.rsplit('/', 3)[-3])"
 "$work/venv/bin/python" -X importtime -m pytest --version 2>importtime.log >/dev/null
 if grep -qE '\| +(torch|reference)(\.|$)' importtime.log; then
     echo "pytest --version imported torch or reference:"; grep -E '\| +(torch|reference)(\.|$)' importtime.log | head -n 3

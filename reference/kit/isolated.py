@@ -228,7 +228,7 @@ def attempt_with(
         spec: the loader under test's SPEC (what `--loader` was given).
         capabilities: the test's capabilities: the child reaches only their methods.
         function: importable by module and name (a kit helper such as
-            `reference.kit.fakes.load_paths.load_on_path`); `args` and `kwargs` must pickle.
+            `reference.kit.judging.load_paths.load_on_path`); `args` and `kwargs` must pickle.
         deadline: seconds before the child is killed and the attempt counts as blocked.
     """
     return _isolated(

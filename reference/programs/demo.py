@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # The demo's classes are fakes: the command imports the module that registers them.
-MODELS_FLAGS = ("--models", "reference.kit.fakes.pipelines", "--measure")
+MODELS_FLAGS = ("--models", "fakes.pipelines", "--measure")
 MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ordinary load, every component resident", ()),
     ("DiT CPU offload: checkpoint tensors adopted without a copy", ("--dit-cpu-offload",)),
@@ -56,7 +56,7 @@ MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def stream_vae_on_cpu(root: Path) -> None:
     """The streaming path with a CPU target, as the library call (the flag needs CUDA)."""
-    from reference.kit.fakes.pipelines import PipelineVAE
+    from fakes.pipelines import PipelineVAE
 
     config = {"hidden": 32, "groups": 8}
     with PeakSampler() as sampler:
@@ -74,7 +74,7 @@ def stream_vae_on_cpu(root: Path) -> None:
 def warm_up(folder: Path, device: torch.device) -> None:
     """Load a tiny pipeline once, so torch's one-time initialisation (about a second and tens of
     MiB on first use) is not charged to the first mode's figures."""
-    from reference.kit.fakes.pipelines import MODEL_CLASSES, SMALL_PIPELINE, write_pipeline
+    from fakes.pipelines import MODEL_CLASSES, SMALL_PIPELINE, write_pipeline
     from reference.request.model_index import ModelRegistry
 
     with PeakSampler() as sampler:
@@ -112,7 +112,7 @@ def demo(*, platform: Platform = SYSTEM, keep: Path | None = None) -> int:
         keep: write the pipelines into this folder and leave them there (else a temporary
             folder, removed at the end).
     """
-    from reference.kit.fakes.pipelines import demo_pipeline, write_pipeline
+    from fakes.pipelines import demo_pipeline, write_pipeline
 
     with demo_folder(keep) as folder:
         root = write_pipeline(folder / "pipeline", demo_pipeline())
@@ -157,7 +157,7 @@ def diffusers_pipeline(root: Path, *, platform: Platform) -> int:
     if missing:
         print(f"skipped: {' and '.join(missing)} not installed; {install_hint('diffusers')}")
         return 0
-    from reference.kit.fakes.diffusers_pipelines import WAN_PIPELINE, write_hub_pipeline
+    from fakes.diffusers_pipelines import WAN_PIPELINE, write_hub_pipeline
 
     quiet_hub_libraries()
     write_hub_pipeline(root, WAN_PIPELINE, sharded=True)

@@ -16,8 +16,8 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
-from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import (
+from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,

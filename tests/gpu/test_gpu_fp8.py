@@ -15,9 +15,9 @@ from pytest_mock import MockerFixture
 from safetensors.torch import load_file
 from torch import nn
 
-from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
+from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.quant import LinearMethod, OnlineFp8LinearMethod, OnlineMxfp4LinearMethod
 from reference.kit.seam import FP8_DEFER, DitRequest, Plan, PlanLike, SeamLoader
 from reference.request.quantization import QuantizationSpec
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
 from reference.errors import DeviceMemoryError
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.pipelines import MODEL_CLASSES, FakeComponent, PipelineDiT, write_pipeline
+from reference.kit.judging.evidence import DataReads, data_bytes, evidence_missing
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import (
     DIRECT_DIT,
     MEMORY_PREFLIGHT,

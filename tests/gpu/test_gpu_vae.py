@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.vae import StandardVAE, VAEConfig
-from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
+from fakes.vae import StandardVAE, VAEConfig
+from fakes.vae_checkpoints import write_vae_checkpoint
 from reference.kit.seam import VAE_STREAM, SeamLoader, VaeRequest
 from reference.report.memory import PeakSampler
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from unittest.mock import patch
 
 import reference
+from fakes.corpus_models import while_building
 from reference.__main__ import main
-from reference.kit.fakes.corpus_models import while_building
 from reference.request.platform import SystemPlatform
 
 ROOT = Path(reference.__file__).resolve().parents[1]  # the folder holding the reference package

@@ -1,9 +1,9 @@
 """ADM-1..5 and DG-3/DG-6: three-layer admission, the no-fallback error, the memory preflight.
 
-Refusals are judged by contract (`reference/kit/fakes/judge.py`): the documented type (a ValueError;
-the no-fallback `ComponentCheckpointUnsupportedError` where ADM-3/ADM-5/DG-3 name it; the adapter's
-`DeviceMemoryError` for the preflight), raised before any weight is read
-(`reference/kit/fakes/evidence.py`), its message naming the flag and the component(s). Tests that
+Refusals are judged by contract (`reference/kit/judging/judge.py`): the documented type (a
+ValueError; the no-fallback `ComponentCheckpointUnsupportedError` where ADM-3/ADM-5/DG-3 name it;
+the adapter's `DeviceMemoryError` for the preflight), raised before any weight is read
+(`reference/kit/judging/evidence.py`), its message naming the flag and the component(s). Tests that
 pin the reference's own loader classes, rule table or wording are marked `reference_only`.
 """
 
@@ -20,11 +20,8 @@ import torch
 from pytest_mock import MockerFixture
 from safetensors.torch import load_file
 
-from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
-from reference.kit.fakes.judge import refusal, skip_cpu_runtime_without_the_setting
-from reference.kit.fakes.pipelines import (
+from fakes.checkpoints import write_checkpoint
+from fakes.pipelines import (
     FULL_PIPELINE,
     SMALL_PIPELINE,
     FakeBlock,
@@ -33,8 +30,11 @@ from reference.kit.fakes.pipelines import (
     PipelineDiT,
     write_pipeline,
 )
-from reference.kit.fakes.pipelines import MODEL_CLASSES as MODELS_BY_NAME
-from reference.kit.fakes.platform import FakePlatform
+from fakes.pipelines import MODEL_CLASSES as MODELS_BY_NAME
+from fakes.platform import FakePlatform
+from reference.errors import ComponentCheckpointUnsupportedError, DeviceMemoryError
+from reference.kit.judging.evidence import DataReads, data_bytes, evidence_missing
+from reference.kit.judging.judge import refusal, skip_cpu_runtime_without_the_setting
 from reference.kit.seam import (
     ADMISSION,
     LOADER_SUPPORT,

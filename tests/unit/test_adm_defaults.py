@@ -13,15 +13,15 @@ import pytest
 import safetensors.torch
 import torch
 
-from reference.kit.fakes.pipelines import (
+from fakes.pipelines import (
     FakeComponent,
     FakeVocoder,
     PipelineDiT,
     PipelineVAE,
     write_pipeline,
 )
-from reference.kit.fakes.platform import FakePlatform
-from reference.kit.fakes.vae import UnrebuiltBufferVAE, VAEConfig
+from fakes.platform import FakePlatform
+from fakes.vae import UnrebuiltBufferVAE, VAEConfig
 from reference.kit.seam import (
     ADMISSION,
     PIPELINES,

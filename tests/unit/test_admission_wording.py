@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fakes.platform import FakePlatform
 from reference.errors import ArgumentError, ComponentCheckpointUnsupportedError
-from reference.kit.fakes.platform import FakePlatform
 from reference.request.admission import (
     NO_DIRECT_SUPPORT,
     DirectRequest,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
+from fakes.layers import LINEAR_KINDS, ColumnParallelLinear, ReplicatedLinear
 from reference.place.adopt import (
     AdoptedBytes,
     LinearKinds,

@@ -2,7 +2,7 @@
 
 Direct-GPU loading is about a CUDA runtime device, so admission tests use `cuda:0` as a value and
 fake the platform (CUDA present or not); no device is touched. Refusals are judged by contract
-(`reference/kit/fakes/judge.py`): a ValueError naming the flag (in either spelling of its prefix)
+(`reference/kit/judging/judge.py`): a ValueError naming the flag (in either spelling of its prefix)
 and, where a component is at fault, the component; the reference's wording is pinned only in
 reference-only tests.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.kit.fakes.judge import refusal, skip_cpu_runtime_without_the_setting
-from reference.kit.fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
-from reference.kit.fakes.platform import FakePlatform
+from fakes.pipelines import FakeBlock, FakeComponent, write_pipeline
+from fakes.platform import FakePlatform
+from reference.kit.judging.judge import refusal, skip_cpu_runtime_without_the_setting
 from reference.kit.seam import ADMISSION, CLI_ARGS, SeamLoader, ServingOptions
 
 ACCEL = torch.device("cuda", 0)

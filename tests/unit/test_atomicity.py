@@ -19,20 +19,20 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
-from reference.errors import CheckpointError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import (
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import (
     CorpusDiT,
     corpus_pipeline,
     mark,
     survivors,
     while_building,
 )
-from reference.kit.fakes.corrupt import small_state, write_bad_checkpoint
-from reference.kit.fakes.guards import Seal, failure_of, sealing
-from reference.kit.fakes.judge import assert_names
-from reference.kit.fakes.layers import LINEAR_KINDS, ReplicatedLinear
-from reference.kit.fakes.load_paths import (
+from fakes.corrupt import small_state, write_bad_checkpoint
+from fakes.layers import LINEAR_KINDS, ReplicatedLinear
+from reference.errors import CheckpointError
+from reference.kit.judging.guards import Seal, failure_of, sealing
+from reference.kit.judging.judge import assert_names
+from reference.kit.judging.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,

@@ -1,8 +1,8 @@
 """CKPT-4: every bad checkpoint, on every loading path, ends in one clear error.
 
-The corpus (reference/kit/fakes/corrupt.py) is broken from one valid base that the corpus models fit
-exactly (reference/kit/fakes/corpus_models.py), so a load of an entry can only fail for being
-corrupt. Each entry goes down every path of reference/kit/fakes/load_paths.py: the DiT with
+The corpus (fakes/corrupt.py) is broken from one valid base that the corpus models fit
+exactly (fakes/corpus_models.py), so a load of an entry can only fail for being
+corrupt. Each entry goes down every path of reference/kit/judging/load_paths.py: the DiT with
 adoption, the DiT in direct mode, the VAE stream, and a pipeline's transformer and VAE components.
 Every load must raise one error naming the file and the entry, on one line (or, where an either-or
 rule lets a loader refuse another way, the refusal of that branch: a folder of unindexed files
@@ -21,13 +21,13 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import corpus_pipeline, mark, survivors
+from fakes.corrupt import CASES, BadCheckpoint, small_state, write_bad_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import corpus_pipeline, mark, survivors
-from reference.kit.fakes.corrupt import CASES, BadCheckpoint, small_state, write_bad_checkpoint
-from reference.kit.fakes.guards import Seal, failure_of, sealing
-from reference.kit.fakes.judge import assert_names
-from reference.kit.fakes.load_paths import (
+from reference.kit.judging.guards import Seal, failure_of, sealing
+from reference.kit.judging.judge import assert_names
+from reference.kit.judging.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,

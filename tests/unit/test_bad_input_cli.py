@@ -1,7 +1,7 @@
 """The reference's command line on bad weights: one line on stderr, exit 2, nothing loaded.
 
 `python -m reference load DIR` runs as a user would run it, CUDA hidden, in this interpreter
-(command.py), on a corpus pipeline (reference/kit/fakes/corpus_models.py) whose transformer or VAE
+(command.py), on a corpus pipeline (fakes/corpus_models.py) whose transformer or VAE
 weights are a bad checkpoint. A few representative cases only: every case on every in-process path
 is in test_bad_input.py and test_pickle.py.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from reference.kit.fakes.corpus_models import corpus_pipeline
-from reference.kit.fakes.corrupt import write_bad_checkpoint
-from reference.kit.fakes.guards import Seal
-from reference.kit.fakes.pickles import write_pickle_case
+from fakes.corpus_models import corpus_pipeline
+from fakes.corrupt import write_bad_checkpoint
+from fakes.pickles import write_pickle_case
+from reference.kit.judging.guards import Seal
 
 from .command import Result, run_reference
 
@@ -27,7 +27,7 @@ def load_command(pipeline: Path) -> Result:
         "load",
         str(pipeline),
         "--models",
-        "reference.kit.fakes.corpus_models",
+        "fakes.corpus_models",
         "--dit-cpu-offload",
     ]
     return run_reference(*argv, hide_cuda=True)

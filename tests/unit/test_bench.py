@@ -19,10 +19,10 @@ import torch
 from pytest_mock import MockerFixture
 from torch import nn
 
+from fakes.bench import BenchDiT, BenchShapes
+from fakes.checkpoints import write_checkpoint
+from fakes.layers import LINEAR_KINDS
 from reference.__main__ import main
-from reference.kit.fakes.bench import BenchDiT, BenchShapes
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.load.dit import DiTOptions, load_dit
 from reference.place.adopt import ADOPTION_DISABLED, load_full_state
 from reference.programs.bench import cache as bench_cache

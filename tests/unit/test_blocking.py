@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
-from reference.kit.fakes.guards import BLOCKING, make_blocking_file
-from reference.kit.fakes.layers import LINEAR_KINDS
+from fakes.blocking import BLOCKING, make_blocking_file
+from fakes.corpus_models import CorpusDiT, CorpusVAE
+from fakes.layers import LINEAR_KINDS
 from reference.kit.isolated import Attempt
 from reference.kit.seam import (
     CHECKPOINT_SAFETY,

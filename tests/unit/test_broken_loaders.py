@@ -4,11 +4,11 @@ These runs test the suite itself, at length: they are `selftest`s (`tox -e selft
 broken loader kept in the unit tier as a smoke test of the machinery.
 
 Every case runs, in process, the contract test files that name the rules a broken loader is expected
-to fail (`breaks` and `also_fails`), with `--loader=reference.kit.fakes.broken:<L>`, and reads the
+to fail (`breaks` and `also_fails`), with `--loader=fakes.broken:<L>`, and reads the
 JSON report: the run must fail, and its failed rules must be exactly the expected ones, so a defect
 that slips through, or spills into rules it should not touch, fails here. The blast radius is
 checked test by test too: every failing test must name a rule the defect breaks (one defect, its
-rules only). A correct variant (`reference/kit/fakes/broken: CORRECT`: what SPEC leaves free) must
+rules only). A correct variant (`fakes/broken: CORRECT`: what SPEC leaves free) must
 fail nothing.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-import reference.kit.fakes.broken
-from reference.kit.fakes.broken import BROKEN, CORRECT, BrokenAdapter
+import fakes.broken
+from fakes.broken import BROKEN, CORRECT, BrokenAdapter
 from reference.rules import BY_ID, RULES
 
 pytestmark = pytest.mark.internal
@@ -132,7 +132,7 @@ def failing_tests(report: dict[str, Any]) -> dict[str, set[str]]:
 
 
 # The unit tier's smoke: a broken loader whose contract files run in about a second.
-SMOKE = reference.kit.fakes.broken.MutablePlans
+SMOKE = fakes.broken.MutablePlans
 
 
 @pytest.mark.parametrize(
@@ -146,9 +146,7 @@ def test_the_suite_fails_exactly_the_rules_the_defect_breaks(
     if adapter.gpu_only:
         pytest.skip(f"only a device shows this defect: {adapter.gpu_only}")
     files = contract_files(adapter.expected_failures())
-    code, report = run_report(
-        f"reference.kit.fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch
-    )
+    code, report = run_report(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
     assert code == pytest.ExitCode.TESTS_FAILED
     failed = {rule for rule, entry in report["rules"].items() if entry["status"] == "failed"}
     assert adapter.breaks <= failed, f"the suite misses the defect: {adapter.__doc__}"
@@ -165,9 +163,7 @@ def test_a_correct_variant_fails_nothing(
 ) -> None:
     """What SPEC leaves free, done another way than the reference does it: no rule fails."""
     files = contract_files(adapter.exercises)  # type: ignore[attr-defined]
-    code, report = run_report(
-        f"reference.kit.fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch
-    )
+    code, report = run_report(f"fakes.broken:{adapter.__name__}", files, tmp_path, monkeypatch)
     failed = sorted(r for r, e in report["rules"].items() if e["status"] == "failed")
     assert failed == [], {r: report["rules"][r].get("failures") for r in failed}
     assert code == pytest.ExitCode.OK
@@ -189,7 +185,7 @@ def test_broken_loaders_are_well_formed() -> None:
         defined.update(cls for cls in subclasses if cls.breaks)
         todo.extend(subclasses)
     assert defined == set(BROKEN), "every broken loader is listed in BROKEN"
-    assert all(getattr(reference.kit.fakes.broken, cls.__name__) is cls for cls in BROKEN)
+    assert all(getattr(fakes.broken, cls.__name__) is cls for cls in BROKEN)
     for adapter in BROKEN:
         assert adapter.breaks, adapter.__name__
         assert adapter.breaks | set(adapter.also_fails) <= set(BY_ID), adapter.__name__
@@ -205,9 +201,7 @@ def test_a_loader_worded_its_own_way_fails_only_the_reasons_rule(
     """Every decision right, every error a different class and message, no reasons: the suite
     judges what a loader does, so only ZC-14 (the report's reasons) may fail."""
     files = contract_files(frozenset(BY_ID))
-    failed = failed_rules(
-        "reference.kit.fakes.reworded:RewordedAdapter", files, tmp_path, monkeypatch
-    )
+    failed = failed_rules("fakes.reworded:RewordedAdapter", files, tmp_path, monkeypatch)
     assert failed == {"ZC-14"}
 
 

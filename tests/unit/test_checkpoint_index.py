@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from fakes.checkpoints import write_misaligned_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.fakes.checkpoints import write_misaligned_checkpoint
-from reference.kit.fakes.judge import assert_names, loaded_or_refused, refusal
+from reference.kit.judging.judge import assert_names, loaded_or_refused, refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 from reference.read.checkpoint import INDEX_SUFFIX, TensorReader, open_checkpoint
 

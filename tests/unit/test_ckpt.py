@@ -8,13 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes.checkpoints import write_checkpoint
+from fakes.corrupt import CASES, write_bad_checkpoint
+from fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
+from fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corrupt import CASES, write_bad_checkpoint
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.vae import RecordingBuild, StandardVAE, VAEConfig, randomized_state
-from reference.kit.fakes.vae_checkpoints import write_defective_vae_checkpoint, write_vae_checkpoint
+from reference.kit.judging.evidence import (
+    DataReads,
+    data_bytes,
+    evidence_missing,
+    safetensors_files,
+)
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, VAE_STREAM, SeamLoader, VaeRequest
 from reference.read.checkpoint import TensorReader, open_checkpoint
 

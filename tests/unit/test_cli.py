@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.kit.fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
+from fakes.pipelines import SMALL_PIPELINE, FakeComponent, PipelineDiT, write_pipeline
 
 from .command import Result, run_reference, run_reference_fresh
 
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.internal
 
 
 def run(*argv: str) -> Result:
-    """`python -m reference ARGV` with CUDA hidden (with `--models reference.kit.fakes.pipelines`
+    """`python -m reference ARGV` with CUDA hidden (with `--models fakes.pipelines`
     after `load DIR`), run in this interpreter."""
     if argv[:1] == ("load",) and len(argv) > 1:
-        argv = (*argv[:2], "--models", "reference.kit.fakes.pipelines", *argv[2:])
+        argv = (*argv[:2], "--models", "fakes.pipelines", *argv[2:])
     return run_reference(*argv, hide_cuda=True)
 
 
@@ -161,7 +161,7 @@ def test_an_internal_error_is_not_a_refusal(
     the traceback before that line. A refusal keeps exit 2 (above)."""
     from reference.programs.cli import load_command
 
-    argv = [str(pipeline), "--models", "reference.kit.fakes.pipelines", "--dit-cpu-offload"]
+    argv = [str(pipeline), "--models", "fakes.pipelines", "--dit-cpu-offload"]
     code = load_command([*argv, "--debug"] if debug else argv, platform=FailingPlatform())
     err = capsys.readouterr().err
     assert code == 3
@@ -196,14 +196,14 @@ def test_a_refusal_goes_where_the_caller_says(
     """The demo passes stdout, so a refusal stays under its heading however streams are piped."""
     import io
 
-    from reference.kit.fakes.platform import FakePlatform
+    from fakes.platform import FakePlatform
     from reference.programs.cli import load_command
 
     here = io.StringIO()
     argv = [
         str(pipeline),
         "--models",
-        "reference.kit.fakes.pipelines",
+        "fakes.pipelines",
         "--component-direct-gpu-weight-loading.vae",
     ]
     assert load_command(argv, platform=FakePlatform(cuda=False), errors=here) == 2
@@ -230,7 +230,7 @@ def test_demo_keeps_each_refusal_under_its_heading_when_piped() -> None:
     lines = result.stdout.splitlines()
     heading = lines.index("## refused: direct DiT loading of an offloaded DiT")
     assert lines[heading + 1].startswith("$ python -m reference load ")
-    assert "--models reference.kit.fakes.pipelines" in lines[heading + 1]
+    assert "--models fakes.pipelines" in lines[heading + 1]
     assert lines[heading + 2].startswith("error: --direct-gpu-weight-loading")
     assert lines[-1].startswith("removed ")  # its temporary folder, saying so
     assert "--keep DIR" in lines[-1]

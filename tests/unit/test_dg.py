@@ -16,19 +16,19 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.dit import DiTConfig, TinyDiT, dit_state, write_dit_checkpoint
-from reference.kit.fakes.evidence import data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.file_maps import file_position, maps_missing
-from reference.kit.fakes.layers import (
+from fakes.dit import DiTConfig, TinyDiT, dit_state, write_dit_checkpoint
+from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
-from reference.kit.fakes.load_paths import direct_load_host_growth
 from reference.kit.isolated import Attempt
+from reference.kit.judging.evidence import data_bytes, evidence_missing, safetensors_files
+from reference.kit.judging.file_maps import file_position, maps_missing
+from reference.kit.judging.load_paths import direct_device as device_for_direct_mode
+from reference.kit.judging.load_paths import direct_load_host_growth
 from reference.kit.seam import (
     DIRECT_DIT,
     PLANS,

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from fakes.diffusers_vaes import IMAGE_KL, write_diffusers_vae
 from reference.errors import CheckpointError
-from reference.kit.fakes.diffusers_vaes import IMAGE_KL, write_diffusers_vae
 from reference.kit.seam import ALL_CAPABILITIES, CHECKPOINT_SAFETY, VAE_STREAM, VaeRequest
 from reference.request.quantization import QuantizationSpec
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
+from fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
+from fakes.platform import FakePlatform
 from reference.errors import CheckpointError
 from reference.extras import install_hint
-from reference.kit.fakes.diffusers_vaes import IMAGE_KL, VIDEO_WAN, write_diffusers_pipeline
-from reference.kit.fakes.platform import FakePlatform
 from reference.load.loaders import VAELoader
 from reference.place.diffusers_models import VAE_PACKAGE, resolve_vae_class
 from reference.programs.cli import HEADER, load_command, load_with_table

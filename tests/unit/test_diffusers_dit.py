@@ -1,6 +1,6 @@
 """Real diffusers pipelines (Wan, Flux, SD3, PixArt-Sigma, Sana, LTX-Video, HunyuanDiT), tiny,
 written end to end by each pipeline class's own `save_pretrained`
-(reference/kit/fakes/diffusers_pipelines.py).
+(fakes/diffusers_pipelines.py).
 
 Contract tests load the `transformer` component through the loader under test and judge the
 outcome any loader leaves: where each parameter's bytes live (a mapping of the checkpoint file at
@@ -25,8 +25,7 @@ import torch
 from filelock import FileLock
 from torch import nn
 
-from reference.extras import install_hint
-from reference.kit.fakes.diffusers_pipelines import (
+from fakes.diffusers_pipelines import (
     HUB_PIPELINES,
     WAN22_PIPELINE,
     WAN_DIT,
@@ -34,10 +33,16 @@ from reference.kit.fakes.diffusers_pipelines import (
     HubPipeline,
     write_hub_pipeline,
 )
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.platform import FakePlatform
+from fakes.platform import FakePlatform
+from reference.extras import install_hint
+from reference.kit.judging.evidence import (
+    DataReads,
+    data_bytes,
+    evidence_missing,
+    safetensors_files,
+)
+from reference.kit.judging.file_maps import file_position, maps_missing, tensor_positions
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import PIPELINES, ComponentRequest, Precisions, SeamLoader, ServingOptions
 from reference.request.quantization import QuantizationSpec
 
@@ -668,7 +673,7 @@ def test_reference_imports_without_diffusers() -> None:
     code = (
         "import sys; sys.modules['diffusers'] = None\n"
         "import reference, reference.programs.cli, reference.load.loaders\n"
-        "import reference.kit.fakes.diffusers_pipelines\n"
+        "import fakes.diffusers_pipelines\n"
         "print('ok')"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -19,11 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.diffusers_pipelines import WAN_DIT
+from fakes.layers import LINEAR_KINDS
 from reference.extras import install_hint
-from reference.kit.fakes.diffusers_pipelines import WAN_DIT
-from reference.kit.fakes.file_maps import file_position, tensor_positions
-from reference.kit.fakes.judge import loaded_or_skip
-from reference.kit.fakes.layers import LINEAR_KINDS
+from reference.kit.judging.file_maps import file_position, tensor_positions
+from reference.kit.judging.judge import loaded_or_skip
 from reference.kit.seam import ZERO_COPY, DitRequest, Plan, SeamLoader
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"

@@ -21,8 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from reference.extras import install_hint
-from reference.kit.fakes.diffusers_vaes import (
+from fakes.diffusers_vaes import (
     IMAGE_KL,
     IMAGE_TINY,
     VIDEO_COGVIDEOX,
@@ -32,6 +31,7 @@ from reference.kit.fakes.diffusers_vaes import (
     write_diffusers_pipeline,
     write_diffusers_vae,
 )
+from reference.extras import install_hint
 from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,

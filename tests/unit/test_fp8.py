@@ -14,12 +14,10 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
-from reference.errors import QuantizationLoadError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.dit import TinyDiT, dit_state, write_dit_checkpoint
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.layers import LINEAR_KINDS, ColumnParallelLinear
-from reference.kit.fakes.quant import (
+from fakes.checkpoints import write_checkpoint
+from fakes.dit import TinyDiT, dit_state, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS, ColumnParallelLinear
+from fakes.quant import (
     LinearMethod,
     OnlineFp8LinearMethod,
     OnlineMxfp4LinearMethod,
@@ -27,6 +25,8 @@ from reference.kit.fakes.quant import (
     UnquantizedLinearMethod,
     quant_method_factory,
 )
+from reference.errors import QuantizationLoadError
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import (
     FP8_DEFER,
     PLANS,

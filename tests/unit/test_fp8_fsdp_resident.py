@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
 from reference.kit.seam import FP8_DEFER, DitRequest, Plan, SeamLoader
 from reference.request.quantization import QuantizationSpec
 

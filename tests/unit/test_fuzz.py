@@ -5,7 +5,7 @@ say (bit-exactly the original state when the mutation is harmless) or raises `Ch
 naming a file of the checkpoint; never another exception. The properties reach the loader through
 the adapter (`inspect_checkpoint`, `read_checkpoint_tensor`); tests of the reference's own
 tensor reader across file changes are internal. The unit tier runs a small derandomized sample;
-HYPOTHESIS_PROFILE=fuzz runs many more (see reference/kit/fakes/fuzz.py).
+HYPOTHESIS_PROFILE=fuzz runs many more (see fakes/fuzz.py).
 
 What the reader cannot defend: a CPU tensor it returned is a view of a memory map, so a file
 truncated *while* such a view is alive (or between the size check and the copy of a device read)
@@ -31,9 +31,8 @@ pytest.importorskip("hypothesis", reason="property-based tests need hypothesis (
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from reference.errors import CheckpointError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.fuzz import (
+from fakes.checkpoints import write_checkpoint
+from fakes.fuzz import (
     FUZZ_SETTINGS,
     checkpoints,
     mutate,
@@ -41,7 +40,8 @@ from reference.kit.fakes.fuzz import (
     same_meaning,
     write,
 )
-from reference.kit.fakes.judge import refusal
+from reference.errors import CheckpointError
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 from reference.read.checkpoint import TensorReader, open_checkpoint
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors, while_building
+from fakes.corrupt import small_state
+from fakes.pickles import Trap
+from fakes.reworded import reworded_error, without_reasons
 from reference.errors import CheckpointError, StateMismatchError
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors, while_building
-from reference.kit.fakes.corrupt import small_state
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing
-from reference.kit.fakes.guards import Seal, failure_of
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.pickles import Trap
-from reference.kit.fakes.reworded import reworded_error, without_reasons
+from reference.kit.judging.evidence import DataReads, data_bytes, evidence_missing
+from reference.kit.judging.guards import Seal, failure_of
+from reference.kit.judging.judge import refusal
 from reference.place.adopt import Verdict
 from reference.place.records import TensorRecord
 from reference.report.summary import LoadReport

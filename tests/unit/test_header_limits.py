@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from reference.errors import CheckpointError
-from reference.kit.fakes.judge import refusal
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 from reference.read.header import MAX_HEADER_BYTES, read_header
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes.bench import BenchShapes, write_bench_checkpoints
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors
+from fakes.corrupt import small_state
+from fakes.layers import LINEAR_KINDS
 from reference.errors import HostMemoryError
-from reference.kit.fakes.bench import BenchShapes, write_bench_checkpoints
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, mark, survivors
-from reference.kit.fakes.corrupt import small_state
-from reference.kit.fakes.layers import LINEAR_KINDS
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
 from reference.request.plan import WeightLoadPlan

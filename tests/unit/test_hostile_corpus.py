@@ -1,4 +1,4 @@
-"""CKPT-4 on hostile inputs: every entry of reference/kit/fakes/hostile.py, on every loading path
+"""CKPT-4 on hostile inputs: every entry of fakes/hostile.py, on every loading path
 and the CLI.
 
 Each attempt runs in a child process (`isolated_with`, reference.kit.isolated) with a deadline
@@ -20,25 +20,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import corpus_pipeline
-from reference.kit.fakes.corrupt import small_state
-from reference.kit.fakes.guards import Seal, sealing
-from reference.kit.fakes.hostile import (
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import corpus_pipeline
+from fakes.corrupt import small_state
+from fakes.hostile import (
     PIPELINE_CASES,
     WEIGHT_CASES,
     Hostile,
     write_pipeline_case,
     write_weight_case,
 )
-from reference.kit.fakes.load_paths import (
+from reference.kit.isolated import Attempt, isolated_call
+from reference.kit.judging.guards import Seal, sealing
+from reference.kit.judging.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,
     load_on_path,
     load_with_a_shard_swapped_for_a_pipe,
 )
-from reference.kit.isolated import Attempt, isolated_call
 
 from .command import run_reference, run_reference_with_a_shard_swapped_for_a_pipe
 
@@ -176,7 +176,7 @@ def test_a_shard_swapped_for_a_pipe_after_its_check_is_refused_not_waited_on(
 
 
 def _command(root: Path) -> tuple[str, ...]:
-    models = "reference.kit.fakes.corpus_models"
+    models = "fakes.corpus_models"
     return ("load", str(root), "--models", models, "--dit-cpu-offload")
 
 

@@ -23,15 +23,15 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE
-from reference.kit.fakes.corrupt import small_state
-from reference.kit.fakes.guards import BLOCKING, make_blocking_file
-from reference.kit.fakes.hostile import write_hostile_json
-from reference.kit.fakes.judge import assert_names, loaded_or_refused
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.platform import FakePlatform
+from fakes.blocking import BLOCKING, make_blocking_file
+from fakes.checkpoints import write_checkpoint
+from fakes.corpus_models import CorpusDiT, CorpusVAE
+from fakes.corrupt import small_state
+from fakes.hostile import write_hostile_json
+from fakes.layers import LINEAR_KINDS
+from fakes.platform import FakePlatform
 from reference.kit.isolated import Attempt
+from reference.kit.judging.judge import assert_names, loaded_or_refused
 from reference.kit.seam import (
     CHECKPOINT_SAFETY,
     PIPELINES,
@@ -403,8 +403,8 @@ def test_a_config_that_sizes_a_real_class_past_the_host_is_refused_before_alloca
     `rope_max_seq_len` (the DiT's rotary table, derived with ops no allocation guard sees).
     Each is refused in seconds, before allocating, naming the component and the config key."""
     pytest.importorskip("diffusers", reason="the diffusers classes need the [diffusers] extra")
+    from fakes.diffusers_pipelines import WAN_DIT
     from reference.errors import HostMemoryError
-    from reference.kit.fakes.diffusers_pipelines import WAN_DIT
 
     root = tmp_path / "pipeline"
     (root / component).mkdir(parents=True)
@@ -504,7 +504,7 @@ def test_an_appledouble_file_beside_the_checkpoint_is_not_a_shard(
 @pytest.mark.internal
 @pytest.mark.parametrize("case", ["huge-config", "index-is-a-pipe", "flags-with-dit-offload"])
 def test_the_command_line_refuses_hostile_pipelines_in_one_line(tmp_path: Path, case: str) -> None:
-    from reference.kit.fakes.pipelines import SMALL_PIPELINE, write_pipeline
+    from fakes.pipelines import SMALL_PIPELINE, write_pipeline
 
     from .command import run_reference
 
@@ -517,7 +517,7 @@ def test_the_command_line_refuses_hostile_pipelines_in_one_line(tmp_path: Path, 
     flags = ["--dit-cpu-offload"] if case == "flags-with-dit-offload" else []
     with deadline(120):
         result = run_reference(
-            "load", str(root), "--models", "reference.kit.fakes.pipelines", *flags, hide_cuda=True
+            "load", str(root), "--models", "fakes.pipelines", *flags, hide_cuda=True
         )
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -558,7 +558,7 @@ def test_a_shape_mismatch_found_while_loading_names_the_tensors_file(
 @pytest.mark.internal
 @pytest.mark.reference_only(OWN)
 def test_the_reference_reports_the_dotfiles_it_skipped(tmp_path: Path) -> None:
-    from reference.kit.fakes.corpus_models import corpus_pipeline
+    from fakes.corpus_models import corpus_pipeline
     from reference.load.dit import load_dit
     from reference.load.vae import load_vae
     from reference.request.plan import WeightLoadPlan
@@ -576,7 +576,7 @@ def test_the_reference_reports_the_dotfiles_it_skipped(tmp_path: Path) -> None:
     transformer = corpus_pipeline(tmp_path / "pipe", emptied="transformer")
     write_checkpoint(small_state(), transformer)
     (transformer / "._model.safetensors").write_bytes(b"\x00\x05\x16\x07")
-    models = "reference.kit.fakes.corpus_models"
+    models = "fakes.corpus_models"
     result = run_reference("load", str(tmp_path / "pipe"), "--models", models, hide_cuda=True)
     assert result.returncode == 0, result.stderr
     assert "\nnotes:\ntransformer    skipped " in result.stdout

@@ -86,11 +86,11 @@ def test_every_kit_error_is_a_kit_error(module: object) -> None:
     assert all(issubclass(c, KitError) for c in errors)
 
 
-FAKES = Path(importlib.import_module("reference.kit.fakes").__file__ or "").parent
+FAKES = Path(importlib.import_module("fakes").__file__ or "").parent
 
 
 def modules() -> list[str]:
-    """Every module of the package, the kit's fakes included, by import name."""
+    """Every module of the package and of the fakes beside it, by import name."""
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -98,7 +98,7 @@ def modules() -> list[str]:
             continue
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     for path in sorted(FAKES.rglob("*.py")):
-        parts = ("reference", "kit", "fakes", *path.relative_to(FAKES).with_suffix("").parts)
+        parts = path.relative_to(FAKES.parent).with_suffix("").parts
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return sorted(set(names))
 

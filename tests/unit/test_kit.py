@@ -22,8 +22,8 @@ import reference
 from reference.errors import CheckpointError
 from reference.kit.adapters.reference import ReferenceAdapter
 from reference.kit.failures import SeamView
-from reference.kit.fakes.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.isolated import attempt
+from reference.kit.judging.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported, VaeRequest
 from reference.kit.selection import (
     ENTRY_POINT_GROUP,

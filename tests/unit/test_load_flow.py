@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import reference
-from reference.kit.fakes.layers import LINEAR_KINDS as KINDS
-from reference.kit.fakes.pipelines import MODEL_CLASSES, SMALL_PIPELINE, write_pipeline
+from fakes.layers import LINEAR_KINDS as KINDS
+from fakes.pipelines import MODEL_CLASSES, SMALL_PIPELINE, write_pipeline
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.pipeline import load_pipeline
 from reference.load.vae import VAEOptions, load_vae

@@ -15,13 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.load_paths import MODEL_CLASSES, direct_device
-from reference.kit.fakes.pipelines import FakeComponent, PipelineDiT, PipelineVAE, write_pipeline
-from reference.kit.fakes.platform import FakePlatform
-from reference.kit.fakes.vae import StandardVAE, VAEConfig, randomized_state
-from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.pipelines import FakeComponent, PipelineDiT, PipelineVAE, write_pipeline
+from fakes.platform import FakePlatform
+from fakes.vae import StandardVAE, VAEConfig, randomized_state
+from fakes.vae_checkpoints import write_vae_checkpoint
+from reference.kit.judging.load_paths import MODEL_CLASSES, direct_device
 from reference.kit.seam import (
     DIRECT_DIT,
     PIPELINES,

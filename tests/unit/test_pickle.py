@@ -1,7 +1,7 @@
 """CKPT-1: pickle checkpoints are refused without being unpickled, on every path.
 
-Each pickle (reference/kit/fakes/pickles.py) holds traps: unpickling one creates a marker file.
-Every path (reference/kit/fakes/load_paths.py, and the adapter's own checkpoint inspection) is
+Each pickle (fakes/pickles.py) holds traps: unpickling one creates a marker file.
+Every path (reference/kit/judging/load_paths.py, and the adapter's own checkpoint inspection) is
 handed each pickle; the load must be refused naming the file, or, for a pickle lying beside valid
 safetensors, succeed from the safetensors alone. Either way the marker must not exist afterwards:
 nothing from a checkpoint ran.
@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes.corpus_models import corpus_pipeline
+from fakes.corrupt import small_state
+from fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
 from reference.errors import CheckpointError
-from reference.kit.fakes.corpus_models import corpus_pipeline
-from reference.kit.fakes.corrupt import small_state
-from reference.kit.fakes.guards import Seal, failure_of, sealing
-from reference.kit.fakes.load_paths import (
+from reference.kit.judging.guards import Seal, failure_of, sealing
+from reference.kit.judging.load_paths import (
     CAPABILITY,
     CHECKPOINT_PATHS,
     PIPELINE_COMPONENTS,
     load_checkpoint,
     load_component,
 )
-from reference.kit.fakes.pickles import PICKLE_CASES, PickleCase, write_pickle_case
 from reference.kit.seam import CHECKPOINT_SAFETY, SeamLoader
 
 pytestmark = pytest.mark.rule("CKPT-1")

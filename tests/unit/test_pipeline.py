@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
-from reference.kit.fakes.pipelines import (
+from fakes.pipelines import (
     FULL_PIPELINE,
     MODEL_CLASSES,
     FakeBlock,
@@ -17,7 +16,8 @@ from reference.kit.fakes.pipelines import (
     FakeVocoder,
     write_pipeline,
 )
-from reference.kit.fakes.platform import FakePlatform
+from fakes.platform import FakePlatform
+from reference.errors import ArgumentError, CheckpointError, LoadError, StateMismatchError
 from reference.load.loaders import VocoderLoader, loader_kind
 from reference.load.pipeline import loader_for
 from reference.request.admission import DirectSupport, check_arguments
@@ -343,7 +343,7 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
 ) -> None:
     """`load_pipeline(folder, ServerArgs())` on a machine without CUDA loads on the CPU, as the
     command line does; nothing asks torch for a CUDA device."""
-    from reference.kit.fakes.pipelines import SMALL_PIPELINE
+    from fakes.pipelines import SMALL_PIPELINE
     from reference.load.pipeline import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)
@@ -364,8 +364,8 @@ def test_library_load_without_a_device_runs_where_the_platform_says(
 def test_a_torch_failure_inside_a_load_is_named_as_such(tmp_path: Path, offload: bool) -> None:
     """A platform that claims CUDA where torch has none: torch's own error, wrapped naming the
     component and the cause, never reported as a state mismatch."""
+    from fakes.pipelines import SMALL_PIPELINE
     from reference.errors import ComponentLoadError
-    from reference.kit.fakes.pipelines import SMALL_PIPELINE
     from reference.load.pipeline import load_pipeline
 
     root = write_pipeline(tmp_path, SMALL_PIPELINE)

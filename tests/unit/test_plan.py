@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from reference.kit.fakes.judge import refusal
+from reference.kit.judging.judge import refusal
 from reference.kit.seam import PLANS, PlanLike, SeamLoader
 
 pytestmark = pytest.mark.capability(PLANS)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from pytest_mock import MockerFixture
 
+from fakes.platform import FakePlatform
 from reference.__main__ import main
-from reference.kit.fakes.platform import FakePlatform
 from reference.request import platform
 from reference.request.platform import Platform, SystemPlatform
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.quant import UnquantizedLinearMethod
 from reference.errors import QuantizationLoadError
-from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.quant import UnquantizedLinearMethod
 from reference.load import dit
 from reference.place.postload import process_weights
 from reference.request.plan import CPU, WeightLoadPlan, effective_plan

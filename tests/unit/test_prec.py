@@ -18,13 +18,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.evidence import evidence_missing
-from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
-from reference.kit.fakes.judge import refusal
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.load_paths import direct_load_host_growth
-from reference.kit.fakes.pipelines import (
+from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.pipelines import (
     MODEL_CLASSES,
     FakeComponent,
     PipelineDiT,
@@ -32,9 +28,13 @@ from reference.kit.fakes.pipelines import (
     PipelineVAE,
     write_pipeline,
 )
-from reference.kit.fakes.platform import FakePlatform
-from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
+from fakes.platform import FakePlatform
+from fakes.vae_checkpoints import write_vae_checkpoint
 from reference.kit.isolated import Attempt
+from reference.kit.judging.evidence import evidence_missing
+from reference.kit.judging.file_maps import file_position, maps_missing, tensor_positions
+from reference.kit.judging.judge import refusal
+from reference.kit.judging.load_paths import direct_load_host_growth
 from reference.kit.seam import (
     CLI_ARGS,
     DIRECT_DIT,

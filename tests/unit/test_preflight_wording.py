@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes.platform import FakePlatform
 from reference.errors import DeviceMemoryError
-from reference.kit.fakes.platform import FakePlatform
 from reference.read.checkpoint import Checkpoint
 from reference.read.header import TensorInfo
 from reference.read.preflight import check_device_memory

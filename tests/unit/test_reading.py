@@ -19,13 +19,13 @@ import pytest
 import torch
 from torch import nn
 
+from fakes.checkpoints import write_checkpoint, write_misaligned_checkpoint
+from fakes.dit import PlainDiT, TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.vae import StandardVAE
+from fakes.vae_checkpoints import write_vae_checkpoint
 from reference.errors import ArgumentError, CheckpointError
-from reference.kit.fakes.checkpoints import write_checkpoint, write_misaligned_checkpoint
-from reference.kit.fakes.dit import PlainDiT, TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.file_maps import file_position, maps_missing
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.vae import StandardVAE
-from reference.kit.fakes.vae_checkpoints import write_vae_checkpoint
+from reference.kit.judging.file_maps import file_position, maps_missing
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
 from reference.programs.bench.cache import drop
@@ -648,7 +648,7 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
 ) -> None:
     """Column- and row-parallel layers at TP=1 (their loader copies the tensor unchanged): the
     pool reads them into the buffers that become the parameters, so nothing is copied twice."""
-    from reference.kit.fakes.bench import BenchShapes, write_bench_checkpoints
+    from fakes.bench import BenchShapes, write_bench_checkpoints
     from reference.load.dit import build_dit, dit_reader
 
     shapes = BenchShapes.for_bytes(1 << 20)

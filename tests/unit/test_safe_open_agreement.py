@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from fakes.corrupt import CASES, write_bad_checkpoint
 from reference.errors import CheckpointError
-from reference.kit.fakes.corrupt import CASES, write_bad_checkpoint
 from reference.read.checkpoint import open_checkpoint
 
 pytestmark = pytest.mark.internal

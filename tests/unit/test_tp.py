@@ -3,7 +3,7 @@
 The sharding is done by the layers' own weight loaders on the copy path (ZC-10); zero-copy must
 refuse every sharded layer (ZC-5), while what every rank holds whole (replicated linears, plain
 torch parameters: ZC-2b) is still adopted. Adoption is judged from the outcome: an adopted parameter
-maps its own bytes of the checkpoint file (`reference/kit/fakes/file_maps.py`); a copy lies in
+maps its own bytes of the checkpoint file (`reference/kit/judging/file_maps.py`); a copy lies in
 memory no checkpoint file backs. One test loads both ranks in this process; the other starts two
 real processes with torch.distributed: gloo on CPU in the unit tier, nccl with one GPU per rank when
 the runtime device is CUDA and two GPUs are visible.
@@ -24,17 +24,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from reference.kit.fakes.dit import TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.file_maps import file_position, maps_missing, tensor_positions
-from reference.kit.fakes.judge import loaded_or_skip
-from reference.kit.fakes.layers import (
+from fakes.dit import TinyDiT, write_dit_checkpoint
+from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.fakes.load_paths import sees_zc3
+from reference.kit.judging.file_maps import file_position, maps_missing, tensor_positions
+from reference.kit.judging.judge import loaded_or_skip
+from reference.kit.judging.load_paths import sees_zc3
 from reference.kit.seam import TENSOR_PARALLEL, DitRequest, Plan, PlanLike, SeamLoader
 from reference.kit.selection import select_adapter
 

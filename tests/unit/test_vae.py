@@ -1,10 +1,10 @@
 """VAE: meta construction and per-tensor streaming, judged by what a loader does.
 
-Refusals are judged by contract (`reference/kit/fakes/judge.py: refusal`: a ValueError, or the type
-a rule names, whose message names the offending entry), "nothing read before the refusal" and "no
-full state dict" by what the process shows (`reference/kit/fakes/evidence.py: DataReads`) on
-checkpoints of many MiB. The reference's own wording, error classes and reasons are pinned only in
-`reference_only` tests.
+Refusals are judged by contract (`reference/kit/judging/judge.py: refusal`: a ValueError, or the
+type a rule names, whose message names the offending entry), "nothing read before the refusal"
+and "no full state dict" by what the process shows (`reference/kit/judging/evidence.py:
+DataReads`) on checkpoints of many MiB. The reference's own wording, error classes and reasons
+are pinned only in `reference_only` tests.
 """
 
 from __future__ import annotations
@@ -19,23 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from reference.errors import (
-    ArgumentError,
-    ComponentCheckpointUnsupportedError,
-    StateDictABIError,
-    StateMismatchError,
-)
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.judge import (
-    assert_computed_alike,
-    assert_names,
-    loaded_or_refused,
-    refusal,
-)
-from reference.kit.fakes.load_paths import MODEL_CLASSES
-from reference.kit.fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
-from reference.kit.fakes.platform import FakePlatform
-from reference.kit.fakes.vae import (
+from fakes.pipelines import FakeComponent, PipelineVAE, write_pipeline
+from fakes.platform import FakePlatform
+from fakes.vae import (
     ABI_FUNCTIONS,
     HOOK_KINDS,
     CustomLoadVAE,
@@ -68,11 +54,30 @@ from reference.kit.fakes.vae import (
     with_inherited_override,
     with_user_hook,
 )
-from reference.kit.fakes.vae_checkpoints import (
+from fakes.vae_checkpoints import (
     UNKNOWN_NAME,
     write_defective_vae_checkpoint,
     write_vae_checkpoint,
 )
+from reference.errors import (
+    ArgumentError,
+    ComponentCheckpointUnsupportedError,
+    StateDictABIError,
+    StateMismatchError,
+)
+from reference.kit.judging.evidence import (
+    DataReads,
+    data_bytes,
+    evidence_missing,
+    safetensors_files,
+)
+from reference.kit.judging.judge import (
+    assert_computed_alike,
+    assert_names,
+    loaded_or_refused,
+    refusal,
+)
+from reference.kit.judging.load_paths import MODEL_CLASSES
 from reference.kit.seam import (
     PIPELINES,
     VAE_STREAM,
@@ -94,7 +99,7 @@ MiB = 1024**2
 SLACK = 8 * MiB
 SUBMODULES = ("decoder.block.conv1", "encoder.norm")  # a plain layer; one behind torch's override
 # User code, also named like torch.
-TORCH_LIKE = ("reference.kit.fakes.vae", "torchx.layers", "torch_ext")
+TORCH_LIKE = ("fakes.vae", "torchx.layers", "torch_ext")
 
 
 def _state(

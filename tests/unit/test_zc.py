@@ -30,15 +30,15 @@ import pytest
 import torch
 from torch import nn
 
-from reference.kit.fakes.judge import loaded_or_skip
-from reference.kit.fakes.layers import (
+from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
     default_weight_loader,
 )
-from reference.kit.fakes.quant import OnlineFp8LinearMethod
+from fakes.quant import OnlineFp8LinearMethod
+from reference.kit.judging.judge import loaded_or_skip
 from reference.kit.seam import DIRECT_DIT, ZERO_COPY, Plan, PlanLike, SeamLoader, StateRequest
 from reference.report.summary import LoadReport
 

@@ -18,19 +18,19 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.dit import DiTConfig, RotaryDiT, dit_state
-from reference.kit.fakes.evidence import safetensors_files
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.load_paths import MODEL_CLASSES, direct_device
-from reference.kit.fakes.pipelines import (
+from fakes.checkpoints import write_checkpoint
+from fakes.dit import DiTConfig, RotaryDiT, dit_state
+from fakes.layers import LINEAR_KINDS
+from fakes.pipelines import (
     FakeComponent,
     PipelineRotaryDiT,
     PipelineVAE,
     write_pipeline,
 )
-from reference.kit.fakes.platform import FakePlatform
-from reference.kit.fakes.vae import StandardVAE, VAEConfig, randomized_state, split_state
+from fakes.platform import FakePlatform
+from fakes.vae import StandardVAE, VAEConfig, randomized_state, split_state
+from reference.kit.judging.evidence import safetensors_files
+from reference.kit.judging.load_paths import MODEL_CLASSES, direct_device
 from reference.kit.seam import (
     DIRECT_DIT,
     PIPELINES,

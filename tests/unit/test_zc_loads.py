@@ -2,7 +2,7 @@
 
 A parameter adopted from a checkpoint file *is* the loader's map of that file: its first byte lies
 in a mapping of the file at the offset where the header puts that tensor's data
-(`reference.kit.fakes.file_maps`, from /proc/self/maps). A copied one lies in memory no
+(`reference.kit.judging.file_maps`, from /proc/self/maps). A copied one lies in memory no
 checkpoint file backs.
 Where tensors are handed to `load_full_state`, adoption is the same `data_ptr()` as the tensor
 handed. Modules start with requires_grad=True and checkpoint values differ from any initial
@@ -23,8 +23,8 @@ from pytest_mock import MockerFixture
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.dit import (
+from fakes.checkpoints import write_checkpoint
+from fakes.dit import (
     DiTConfig,
     PlainDiT,
     TinyDiT,
@@ -32,30 +32,35 @@ from reference.kit.fakes.dit import (
     write_dit_checkpoint,
     write_plain_dit_checkpoint,
 )
-from reference.kit.fakes.evidence import DataReads, data_bytes, evidence_missing, safetensors_files
-from reference.kit.fakes.file_maps import (
-    Position,
-    file_position,
-    mapped_files,
-    maps_missing,
-    tensor_positions,
-)
-from reference.kit.fakes.judge import (
-    assert_names,
-    chain,
-    loaded_or_refused,
-    loaded_or_skip,
-    refusal,
-)
-from reference.kit.fakes.layers import (
+from fakes.layers import (
     LINEAR_KINDS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
 )
-from reference.kit.fakes.load_paths import direct_device as device_for_direct_mode
-from reference.kit.fakes.load_paths import sees_zc3
+from reference.kit.judging.evidence import (
+    DataReads,
+    data_bytes,
+    evidence_missing,
+    safetensors_files,
+)
+from reference.kit.judging.file_maps import (
+    Position,
+    file_position,
+    mapped_files,
+    maps_missing,
+    tensor_positions,
+)
+from reference.kit.judging.judge import (
+    assert_names,
+    chain,
+    loaded_or_refused,
+    loaded_or_skip,
+    refusal,
+)
+from reference.kit.judging.load_paths import direct_device as device_for_direct_mode
+from reference.kit.judging.load_paths import sees_zc3
 from reference.kit.seam import (
     DIRECT_DIT,
     ZERO_COPY,

@@ -39,8 +39,8 @@ INDEX = "model.safetensors.index.json"
 def write_sharded(folder: Path, *, target: int, shard_bytes: int) -> Path:
     """Write the benchmark DiT of about `target` bytes as shards of at most `shard_bytes` each
     (plus one tensor) and its index; returns the index (kept if already there)."""
-    from reference.kit.fakes.bench import BenchShapes
-    from reference.kit.fakes.checkpoints import write_checkpoint
+    from fakes.bench import BenchShapes
+    from fakes.checkpoints import write_checkpoint
 
     index = folder / INDEX
     if index.exists():
@@ -77,8 +77,8 @@ def write_sharded(folder: Path, *, target: int, shard_bytes: int) -> Path:
 
 def load_beyond_ram(index: Path) -> dict[str, Any]:
     """Load `index`'s DiT zero-copy under CPU offload, then try its copy path; the figures."""
-    from reference.kit.fakes.bench import BenchShapes
-    from reference.kit.fakes.layers import LINEAR_KINDS
+    from fakes.bench import BenchShapes
+    from fakes.layers import LINEAR_KINDS
 
     shapes = BenchShapes(**json.loads((index.parent / "shapes.json").read_text()))
     plan = WeightLoadPlan.for_component(

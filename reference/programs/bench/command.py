@@ -108,7 +108,7 @@ def checkpoint_facts(path: Path) -> dict[str, int]:
 def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
     """Write the DiT and VAE checkpoints of one size and describe them; with diffusers
     installed, also a diffusers Wan DiT of about the same size (`ddit`)."""
-    from reference.kit.fakes.bench import (
+    from fakes.bench import (
         BenchShapes,
         write_bench_checkpoints,
         write_diffusers_bench,

@@ -144,9 +144,9 @@ class Job:
 
     @functools.cached_property
     def shapes(self) -> Any:
-        """The models' constructor arguments (`reference/kit/fakes/bench.py: BenchShapes`), read
+        """The models' constructor arguments (`fakes/bench.py: BenchShapes`), read
         once."""
-        from reference.kit.fakes.bench import BenchShapes
+        from fakes.bench import BenchShapes
 
         return BenchShapes(**json.loads((self.folder / "shapes.json").read_text()))
 
@@ -220,7 +220,7 @@ def dit(
 ) -> Loaded:
     """The reference DiT loader, reading as `reading` says and with `host_bytes` of host memory
     (the loader's defaults: None)."""
-    from reference.kit.fakes.layers import LINEAR_KINDS
+    from fakes.layers import LINEAR_KINDS
 
     direct = device.type != "cpu"
     plan = (

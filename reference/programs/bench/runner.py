@@ -47,7 +47,7 @@ def preload() -> None:
     """
     import safetensors.torch  # noqa: F401
 
-    from reference.kit.fakes.bench import BenchShapes
+    from fakes.bench import BenchShapes
 
     tiny = BenchShapes.for_bytes(1 << 20)
     with torch.device("meta"):

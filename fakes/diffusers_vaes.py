@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.kit.fakes.vae import randomized_state
+from fakes.vae import randomized_state
 
 __all__ = [
     "IMAGE_DC",

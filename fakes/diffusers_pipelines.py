@@ -5,7 +5,7 @@ from tiny components and saves it: `model_index.json` exactly as diffusers write
 entries, `[null, null]` for an absent one, and the pipeline's own settings such as Wan's
 `boundary_ratio` or HunyuanDiT's `requires_safety_checker`), the transformer and the VAE (one
 safetensors file, or shards with an index), the scheduler's config, and real transformers text
-encoders and tokenizers (reference/kit/fakes/text_encoders.py; the reference lists them as not
+encoders and tokenizers (fakes/text_encoders.py; the reference lists them as not
 loaded).
 
 Each transformer has tens of KiB to a few MiB of float32 weights drawn from a seed, and the inputs
@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference.kit.fakes import text_encoders
-from reference.kit.fakes.diffusers_vaes import (
+from fakes import text_encoders
+from fakes.diffusers_vaes import (
     IMAGE_DC,
     IMAGE_KL,
     VIDEO_LTX,
     VIDEO_WAN,
     DiffusersVAE,
 )
-from reference.kit.fakes.vae import randomized_state
+from fakes.vae import randomized_state
 
 __all__ = [
     "FLOW",

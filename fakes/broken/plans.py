@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from reference.kit.fakes.broken.base import BrokenAdapter
+from fakes.broken.base import BrokenAdapter
 from reference.place.postload import OffloadOptions
 from reference.request.plan import CPU, WeightLoadPlan
 from reference.request.quantization import ONLINE_DEVICE_METHODS, QuantizationSpec

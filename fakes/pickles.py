@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corrupt import small_state
+from fakes.checkpoints import write_checkpoint
+from fakes.corrupt import small_state
 
 __all__ = ["PICKLE_CASES", "PickleCase", "Trap", "trap_state", "trip", "write_pickle_case"]
 

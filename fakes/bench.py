@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.layers import ColumnParallelLinear, RowParallelLinear
-from reference.kit.fakes.vae import StandardVAE, VAEConfig
+from fakes.checkpoints import write_checkpoint
+from fakes.layers import ColumnParallelLinear, RowParallelLinear
+from fakes.vae import StandardVAE, VAEConfig
 
 __all__ = [
     "DIFFUSERS_HEAD_DIM",
@@ -175,7 +175,7 @@ def write_diffusers_bench(folder: Path, target: int) -> Path:
     import importlib
     import json
 
-    from reference.kit.fakes.diffusers_pipelines import resave_in
+    from fakes.diffusers_pipelines import resave_in
 
     diffusers = importlib.import_module("diffusers")
     model = diffusers.WanTransformer3DModel(**diffusers_dit_config(target))

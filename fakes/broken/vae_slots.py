@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from reference.kit.fakes.broken.vae import VAEDefect
+from fakes.broken.vae import VAEDefect
 from reference.load.vae import VAESteps
 from reference.place.modules import Entry
 from reference.place.slots import SlotChecks, check_settled

@@ -1,6 +1,6 @@
 """Hostile inputs: files a loader must refuse without hanging, exploding or printing raw bytes.
 
-A sibling of `reference/kit/fakes/corrupt.py`. Those entries are malformed safetensors; these are
+A sibling of `fakes/corrupt.py`. Those entries are malformed safetensors; these are
 what a shared folder, a hostile upload or another filesystem can put where a loader looks: special
 files where weights or JSON should be, links that loop or dangle, paths that are not UTF-8, headers
 and JSON that are legal but explode when parsed, names carrying control characters, and config.json
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corrupt import join, small_state, split
-from reference.kit.fakes.guards import make_blocking_file
+from fakes.blocking import make_blocking_file
+from fakes.checkpoints import write_checkpoint
+from fakes.corrupt import join, small_state, split
 
 __all__ = [
     "PIPELINE_CASES",

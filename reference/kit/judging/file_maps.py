@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from reference.kit.fakes.evidence import safetensors_files
+from reference.kit.judging.evidence import safetensors_files
 
 __all__ = ["MAPS", "Position", "file_position", "mapped_files", "maps_missing", "tensor_positions"]
 

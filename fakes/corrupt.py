@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from reference.kit.fakes.checkpoints import write_checkpoint
+from fakes.checkpoints import write_checkpoint
 
 __all__ = [
     "CASES",

@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from fakes.broken.base import BrokenAdapter
 from reference.errors import CheckpointError
-from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.seam import ComponentRequest, DitRequest, VaeRequest
 from reference.load import dit
 from reference.place.modules import Slot

@@ -11,9 +11,9 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from fakes.broken.base import BrokenAdapter
+from fakes.broken.readers import SharedMapReader
 from reference.errors import QuantizationLoadError, StateMismatchError
-from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.fakes.broken.readers import SharedMapReader
 from reference.kit.seam import DitRequest, PlanLike, StateRequest
 from reference.load.dit import REFERENCE_DIT_STEPS, DiTSteps
 from reference.place.adopt import AdoptedBytes, AdoptSteps, copy_to_fresh

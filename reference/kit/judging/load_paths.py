@@ -9,7 +9,7 @@
                  a pipeline component through its component loader (load_pipeline_component);
                  the transformer is CPU-offloaded (adoption), the VAE loads the ordinary way
 
-Each path loads the corpus models (reference/kit/fakes/corpus_models.py) unless a `build` is given.
+Each path loads the corpus models (fakes/corpus_models.py) unless a `build` is given.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.kit.fakes import corpus_models, pipelines
-from reference.kit.fakes.corpus_models import CorpusDiT, CorpusVAE, while_building
-from reference.kit.fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.platform import FakePlatform
+from fakes import corpus_models, pipelines
+from fakes.corpus_models import CorpusDiT, CorpusVAE, while_building
+from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from fakes.layers import LINEAR_KINDS
+from fakes.platform import FakePlatform
 from reference.kit.seam import (
     DIRECT_DIT,
     PIPELINES,

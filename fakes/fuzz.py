@@ -24,8 +24,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.corrupt import object_with_pairs
+from fakes.checkpoints import write_checkpoint
+from fakes.corrupt import object_with_pairs
 
 __all__ = [
     "BAD_DTYPES",

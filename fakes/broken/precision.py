@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.kit.fakes.broken.base import BrokenAdapter
+from fakes.broken.base import BrokenAdapter
 from reference.kit.seam import ComponentRequest, DitRequest, PlanLike, VaeRequest
 from reference.load.dit import DiTSteps
 from reference.read.checkpoint import Checkpoint, TensorReader

@@ -1,6 +1,6 @@
 """Models that fit the bad-checkpoint corpus, and pipelines whose weights are a corpus entry.
 
-Every corpus entry (reference/kit/fakes/corrupt.py) is broken from one valid base, `small_state()`:
+Every corpus entry (fakes/corrupt.py) is broken from one valid base, `small_state()`:
 `proj.weight` (8, 4) F32, `proj.bias` (8,) F32, `norm.weight` (4,) BF16. The models here have
 exactly those slots, so the base loads on every path and a corpus entry can only fail for being
 corrupt, never for belonging to another model.
@@ -9,7 +9,7 @@ Every instance is tracked weakly, so a test can prove that no model built by a f
 still alive once the error is gone (CKPT-5). `while_building(hook)` runs a hook at the end of each
 construction: a test's stand-in for another process that cuts a shard while a load runs.
 Both classes are in `MODEL_CLASSES`
-(`python -m reference load DIR --models reference.kit.fakes.corpus_models`).
+(`python -m reference load DIR --models fakes.corpus_models`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference.kit.fakes.layers import LINEAR_KINDS, ReplicatedLinear
-from reference.kit.fakes.pipelines import FakeComponent, write_pipeline
-from reference.kit.fakes.quant import quant_method_factory
+from fakes.layers import LINEAR_KINDS, ReplicatedLinear
+from fakes.pipelines import FakeComponent, write_pipeline
+from fakes.quant import quant_method_factory
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [

@@ -16,7 +16,7 @@ from types import MappingProxyType, MethodType
 import torch
 from torch import nn
 
-from reference.kit.fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter
+from fakes.broken.base import DIRECT_MODE, BrokenAdapter, clone_parameter
 from reference.kit.seam import PlanLike
 from reference.load.dit import DiTSteps
 from reference.place.adopt import (

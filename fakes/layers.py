@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference.kit.fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
+from fakes.quant import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 from reference.place.adopt import LinearKinds
 
 __all__ = [

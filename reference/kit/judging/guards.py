@@ -5,9 +5,6 @@ before it hands them to a loader; `broken()` lists every sealed file whose bytes
 and every file that appeared under a sealed folder (a cache or lock a loader left beside them).
 
 `failure_of`: a load of bad input must end in an error (CKPT-4): not hang, and not return a model.
-
-`make_blocking_file`: a file, named like a checkpoint file, that a naive open or read blocks on
-or reads forever (CKPT-4's "never a hang").
 """
 
 from __future__ import annotations
@@ -23,33 +20,7 @@ import pytest
 
 from reference.kit.failures import SeamViolation
 
-__all__ = [
-    "BLOCKING",
-    "Seal",
-    "failure_of",
-    "fingerprint",
-    "make_blocking_file",
-    "sealing",
-]
-
-BLOCKING = {"named-pipe": "a named pipe", "device-file": "a link to /dev/zero"}
-"""The kinds `make_blocking_file` makes, and what each is."""
-
-
-def make_blocking_file(kind: str, path: Path) -> Path:
-    """At `path`, a file a naive open or read blocks on (`named-pipe`) or reads forever
-    (`device-file`); the test is skipped where the platform has no such file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "named-pipe":
-        if not hasattr(os, "mkfifo"):
-            pytest.skip("named pipes are POSIX only")
-        os.mkfifo(path)
-    else:
-        if not Path("/dev/zero").exists():
-            pytest.skip("no /dev/zero here")
-        path.symlink_to("/dev/zero")
-    return path
-
+__all__ = ["Seal", "failure_of", "fingerprint", "sealing"]
 
 CHUNK_BYTES = 1024**2
 

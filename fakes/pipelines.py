@@ -1,6 +1,6 @@
 """Pipeline folders written into a directory: model_index.json, one folder per component with
 config.json and real safetensors weights, and the tiny model classes they name (`MODEL_CLASSES`,
-what `--models reference.kit.fakes.pipelines` hands the command line).
+what `--models fakes.pipelines` hands the command line).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.dit import DiTConfig, RotaryDiT, TinyDiT
-from reference.kit.fakes.layers import LINEAR_KINDS
-from reference.kit.fakes.vae import StandardVAE, VAEConfig
+from fakes.checkpoints import write_checkpoint
+from fakes.dit import DiTConfig, RotaryDiT, TinyDiT
+from fakes.layers import LINEAR_KINDS
+from fakes.vae import StandardVAE, VAEConfig
 from reference.request.model_index import MODEL_INDEX
 from reference.request.quantization import QuantizationSpec
 
@@ -141,7 +141,7 @@ MODEL_CLASSES: Mapping[str, type[nn.Module]] = {
 }
 """The classes these pipelines name, by class name: what a test hands a loader through the seam
 (`load_pipeline_component(ComponentRequest(..., models=MODEL_CLASSES))`), and what
-`python -m reference load DIR --models reference.kit.fakes.pipelines` registers."""
+`python -m reference load DIR --models fakes.pipelines` registers."""
 
 
 @dataclass(frozen=True)

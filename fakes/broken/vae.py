@@ -11,9 +11,9 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from fakes.broken.base import BrokenAdapter
+from fakes.broken.readers import WholeFileReader
 from reference.errors import ComponentCheckpointUnsupportedError, StateDictABIError
-from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.fakes.broken.readers import WholeFileReader
 from reference.kit.seam import VaeRequest
 from reference.load.vae import VAESteps
 from reference.place.modules import Slot, rebuild_non_persistent_buffers

@@ -3,7 +3,7 @@
 A refused request raises an instance of the documented error type (a `ValueError` unless a rule
 names another) and its message names the offending thing: the flag, component, tensor or file.
 The rest of the wording is the loader's choice. "Before any state changed" is the test's own
-check (the module untouched, the files unread: see `reference.kit.fakes.evidence`).
+check (the module untouched, the files unread: see `reference.kit.judging.evidence`).
 """
 
 from __future__ import annotations

@@ -21,15 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference.kit.fakes.checkpoints import write_checkpoint
-from reference.kit.fakes.layers import (
+from fakes.checkpoints import write_checkpoint
+from fakes.layers import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
     default_weight_loader,
 )
-from reference.kit.fakes.quant import quant_method_factory, quantize_fp8
+from fakes.quant import quant_method_factory, quantize_fp8
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [

@@ -10,8 +10,8 @@ from types import MappingProxyType
 
 import torch
 
+from fakes.broken.base import BrokenAdapter
 from reference.errors import ArgumentError, DeviceMemoryError
-from reference.kit.fakes.broken.base import BrokenAdapter
 from reference.kit.seam import ComponentRequest, ServingOptions
 from reference.load.loaders import loader_kind
 from reference.read.checkpoint import open_checkpoint

@@ -1,8 +1,8 @@
 """VAE checkpoint writers: single file, sharded with an index, and one defect each.
 
-The writers produce real safetensors files through `reference/kit/fakes/checkpoints.py:
+The writers produce real safetensors files through `fakes/checkpoints.py:
 write_checkpoint`. What a loader read from them is judged from outside
-(`reference/kit/fakes/evidence.py: DataReads`), never by spying on a loader's reader.
+(`reference/kit/judging/evidence.py: DataReads`), never by spying on a loader's reader.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from reference.kit.fakes.checkpoints import INDEX_NAME, write_checkpoint
+from fakes.checkpoints import INDEX_NAME, write_checkpoint
 
 __all__ = [
     "DEFECTS",

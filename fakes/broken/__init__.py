@@ -5,12 +5,12 @@ rules its report marks failed are the ones the defect breaks (`breaks`, plus `al
 test pins two rules at once). Together they break every MUST rule the suite reaches through the
 adapter. Run one by hand with:
 
-    python -m pytest tests/unit --loader=reference.kit.fakes.broken:AdoptsTensorParallelShards
+    python -m pytest tests/unit --loader=fakes.broken:AdoptsTensorParallelShards
 """
 
 from __future__ import annotations
 
-from reference.kit.fakes.broken.admission import (
+from fakes.broken.admission import (
     AdmitsOneFlagAtATime,
     AllowsFsdpWithDirectDit,
     CaseInsensitiveSelection,
@@ -28,8 +28,8 @@ from reference.kit.fakes.broken.admission import (
     ReadsBeforeRefusingQuantizedDirect,
     StreamsVaesByDefault,
 )
-from reference.kit.fakes.broken.base import BrokenAdapter
-from reference.kit.fakes.broken.checkpoints import (
+from fakes.broken.base import BrokenAdapter
+from fakes.broken.checkpoints import (
     IgnoresShardIndex,
     ReadsDotfilesAsShards,
     ReadsOneOfSeveralUnindexedFiles,
@@ -37,7 +37,7 @@ from reference.kit.fakes.broken.checkpoints import (
     SafetensorsLibraryErrors,
     UnpicklesLegacyCheckpoints,
 )
-from reference.kit.fakes.broken.dit import (
+from fakes.broken.dit import (
     AdoptsSharedBytesTwice,
     BuffersBecomeParameters,
     CopiesWithoutWeightLoader,
@@ -55,7 +55,7 @@ from reference.kit.fakes.broken.dit import (
     ReadsBeforeChecking,
     UpcastsOnOffload,
 )
-from reference.kit.fakes.broken.plans import (
+from fakes.broken.plans import (
     DefaultPlanOnCpu,
     DefersResidentComponents,
     DisablesOffloadForOnlineFp8,
@@ -66,14 +66,14 @@ from reference.kit.fakes.broken.plans import (
     ProcessesSerializedCheckpoints,
     UnvalidatedPlans,
 )
-from reference.kit.fakes.broken.precision import (
+from fakes.broken.precision import (
     AcceptsUndeclaredPrecisions,
     BuildsInTheClassDtype,
     CastsFp32ModulesToo,
     ConvertsTheWholeStateFirst,
     CopiesWhenAPrecisionIsGiven,
 )
-from reference.kit.fakes.broken.vae import (
+from fakes.broken.vae import (
     BuildsBuffersOnMeta,
     CpuStreamKeepsFileViews,
     DropsUnknownTensors,
@@ -88,14 +88,14 @@ from reference.kit.fakes.broken.vae import (
     RefusesMetaBuffersLate,
     ToleratesMissingSlots,
 )
-from reference.kit.fakes.broken.vae_slots import (
+from fakes.broken.vae_slots import (
     AllowsTiedState,
     ChecksOnlyStateDict,
     IgnoresKeysThatAreNotSlots,
     IgnoresUserHooks,
     LetsLazyStateThrough,
 )
-from reference.kit.fakes.broken.zero_copy import (
+from fakes.broken.zero_copy import (
     AcceptsOverridingSubclasses,
     AdoptsOffCpuTensors,
     AdoptsParameterSubclasses,
