@@ -9,7 +9,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["INDEX_NAME", "write_checkpoint", "write_misaligned_checkpoint"]
+__all__ = [
+    "INDEX_NAME",
+    "write_checkpoint",
+    "write_misaligned_checkpoint",
+    "write_sparse_checkpoint",
+]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -76,3 +81,24 @@ def write_misaligned_checkpoint(path: Path) -> Path:
     data = b"\x07" + f16.numpy().tobytes() + b"\0\0\0" + f32.numpy().tobytes()
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
     return path
+
+
+def write_sparse_checkpoint(folder: Path, sizes: Sequence[int]) -> Path:
+    """Shards whose headers declare large tensors over data that is a hole: one U8 tensor
+    `w<i>` of `sizes[i]` bytes per shard, each file as long as its header says (sparse, so a
+    GiB costs no disk), and their index. For what reads headers only (a memory preflight):
+    the data reads as zeros. Returns the index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    for i, size in enumerate(sizes):
+        shard = folder / f"model-{i + 1:05d}-of-{len(sizes):05d}.safetensors"
+        header = {f"w{i}": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with shard.open("wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            f.truncate(8 + len(raw) + size)
+        weight_map[f"w{i}"] = shard.name
+    index = folder / INDEX_NAME
+    index.write_text(json.dumps({"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}))
+    return index

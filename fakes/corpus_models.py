@@ -44,7 +44,7 @@ __all__ = [
 _SERIALS = itertools.count()
 
 ROPE_DIM = 32
-"""Frequencies per position of `CorpusDiT`'s rotary table."""
+"""Frequencies per position of the corpus models' rotary tables (`rope_max_seq_len`)."""
 _LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
 
 
@@ -117,12 +117,16 @@ class CorpusDiT(nn.Module):
 class CorpusVAE(nn.Module):
     """A VAE-shaped model of the corpus's slots, under the standard state-dict ABI."""
 
-    def __init__(self, *, extra_width: int = 0) -> None:
+    def __init__(self, *, extra_width: int = 0, rope_max_seq_len: int = 0) -> None:
         super().__init__()
         self.proj = nn.Linear(4, 8)
         self.norm = nn.LayerNorm(4, bias=False, dtype=torch.bfloat16)
         if extra_width:  # a layer sized by config.json; no checkpoint holds it
             self.extra = nn.Linear(extra_width, extra_width, bias=False)
+        if rope_max_seq_len:  # a table computed in __init__ (a video VAE's temporal frequencies)
+            positions = torch.arange(rope_max_seq_len, dtype=torch.float32)
+            angles = torch.outer(positions, torch.linspace(0.0, 1.0, ROPE_DIM))
+            self.register_buffer("rope", angles.cos(), persistent=False)
         _built(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -211,11 +211,14 @@ def write_diffusers_pipeline(
     root: Path, vae: DiffusersVAE, *, seed: int = 0, sharded: bool = False
 ) -> Path:
     """A pipeline folder whose `vae` is `vae` (saved by diffusers) and whose model_index.json
-    also names a scheduler (no weights: the load skips it). Returns `root`."""
+    also names a scheduler, saved in its own folder as a real pipeline holds it (no weights:
+    the load skips it). Returns `root`."""
     write_diffusers_vae(root / "vae", vae, seed=seed, sharded=sharded)
+    diffusers = importlib.import_module("diffusers")
+    diffusers.FlowMatchEulerDiscreteScheduler().save_pretrained(root / "scheduler")
     index = {
         "_class_name": "DiffusersVAEPipeline",
-        "_diffusers_version": importlib.import_module("diffusers").__version__,
+        "_diffusers_version": diffusers.__version__,
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "vae": ["diffusers", vae.class_name],
     }

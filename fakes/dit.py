@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from fakes.quant import quant_method_factory, quantize_fp8
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [
+    "DefaultDtypeDiT",
     "DiTBlock",
     "DiTConfig",
     "PlainDiT",
@@ -169,6 +170,17 @@ class TinyDiT(nn.Module):
             h = block(h)
         out: torch.Tensor = self.head(self.final_norm(h))
         return out
+
+
+class DefaultDtypeDiT(TinyDiT):
+    """The tiny DiT built in torch's default dtype at construction, as a real model class is
+    (diffusers' and transformers' classes take no dtype: they build in the default one), so a
+    loader that builds under the precision's default dtype gets the precision, as one that
+    casts after the build does. `TinyDiT` itself builds in `DiTConfig.params_dtype` (fp32)."""
+
+    def __init__(self, config: DiTConfig | None = None, **options: object) -> None:
+        config = replace(config or DiTConfig(), params_dtype=torch.get_default_dtype())
+        super().__init__(config, **options)  # type: ignore[arg-type]
 
 
 class RotaryDiT(TinyDiT):

@@ -30,6 +30,7 @@ from fakes.corrupt import join, small_state, split
 
 __all__ = [
     "PIPELINE_CASES",
+    "SIZING_CASES",
     "UNKNOWN_NAME",
     "WEIGHT_CASES",
     "Hostile",
@@ -201,6 +202,10 @@ def _sized_past_the_checkpoint(root: Path, component: str) -> Hostile:
     config_path.write_text(json.dumps(config))
     return Hostile("config-sizes-past-the-checkpoint", root, (component,), memory=True)
 
+
+SIZING_CASES = frozenset({"config-asks-for-terabytes", "config-sizes-past-the-checkpoint"})
+"""The `PIPELINE_CASES` whose config.json sizes the build past what its checkpoint explains:
+CKPT-6's (a load bounded by its checkpoint), not CKPT-4's."""
 
 PIPELINE_CASES: dict[str, Callable[[Path, str], Hostile]] = {
     **{

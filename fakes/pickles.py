@@ -103,6 +103,15 @@ def _disguised(folder: Path, marker: Path) -> PickleCase:
     return PickleCase("pickle-named-safetensors", path, path.name, "exceeds the file")
 
 
+def _safe_pickle_disguised(folder: Path, marker: Path) -> PickleCase:
+    """A plain `torch.save` of real tensors under a safetensors name: no trap, and one that
+    `torch.load(weights_only=True)` accepts, so a loader that falls back to that "safe"
+    unpickler on a file safetensors cannot parse loads it (CKPT-1: only safetensors is read)."""
+    path = folder / "model.safetensors"
+    torch.save(small_state(), path)
+    return PickleCase("torch-save-named-safetensors", path, path.name, "exceeds the file")
+
+
 def _beside_safetensors(folder: Path, marker: Path) -> PickleCase:
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps(trap_state(marker)))
     write_checkpoint(small_state(), folder)
@@ -115,6 +124,7 @@ PICKLE_CASES: dict[str, Callable[[Path, Path], PickleCase]] = {
     "folder-of-pickles": _only_pickle_in_folder,
     "index-names-a-pickle": _index_names_pickle,
     "pickle-named-safetensors": _disguised,
+    "torch-save-named-safetensors": _safe_pickle_disguised,
     "pickle-beside-safetensors": _beside_safetensors,
 }
 

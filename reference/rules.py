@@ -398,6 +398,13 @@ RULES: tuple[Rule, ...] = (
         BEYOND,
         "load() returns a complete component or raises; files are never written",
     ),
+    Rule(
+        "CKPT-6",
+        MUST,
+        BEYOND,
+        "A load is bounded by its checkpoint: host growth at most 4x its bytes + 1 GiB; a"
+        " config that sizes a build past it is refused before the allocation, naming the key",
+    ),
     # OUT: what a load returns
     Rule(
         "OUT-1",

@@ -55,6 +55,7 @@ from fakes.broken.dit import (
     ReadsBeforeChecking,
     UpcastsOnOffload,
 )
+from fakes.broken.fairness import TrustsStateDict
 from fakes.broken.plans import (
     DefaultPlanOnCpu,
     DefersResidentComponents,
@@ -72,6 +73,14 @@ from fakes.broken.precision import (
     CastsFp32ModulesToo,
     ConvertsTheWholeStateFirst,
     CopiesWhenAPrecisionIsGiven,
+)
+from fakes.broken.strength import (
+    BuildsTheConfigUnbounded,
+    FollowsIndexesOutOfTheirFolder,
+    LoadsSafePicklesAsAFallback,
+    MapsOneFileCheckpointsShared,
+    PreflightsTheFirstShardOnly,
+    RunsNoRebuildHooks,
 )
 from fakes.broken.vae import (
     BuildsBuffersOnMeta,
@@ -138,6 +147,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     KeepsCheckpointDtype,
     AdoptsSharedBytesTwice,
     MapsCheckpointShared,
+    MapsOneFileCheckpointsShared,
     ReadsBeforeChecking,
     PreReadsDirectCheckpoint,
     MapsFilesInDirectModeOnCpu,
@@ -157,6 +167,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     # direct VAE loading
     ReadsWholeVaeCheckpoint,
     ChecksOnlyStateDict,
+    TrustsStateDict,
     IgnoresUserHooks,
     DropsUnknownTensors,
     IgnoresKeysThatAreNotSlots,
@@ -167,6 +178,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     LeavesMissingSlotsOnMeta,
     LetsMetaBuffersThrough,
     RefusesMetaBuffersLate,
+    RunsNoRebuildHooks,
     RefusesConstructedBuffersAtEnd,
     BuildsBuffersOnMeta,
     FreezesStreamedParameters,
@@ -189,12 +201,16 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     ReadsBeforeRefusingQuantizedDirect,
     ChecksOnlyTheMainTransformer,
     NoMemoryMargin,
+    PreflightsTheFirstShardOnly,
     # checkpoints
     UnpicklesLegacyCheckpoints,
     IgnoresShardIndex,
     SafetensorsLibraryErrors,
     ReadsOneOfSeveralUnindexedFiles,
     ReadsDotfilesAsShards,
+    FollowsIndexesOutOfTheirFolder,
+    LoadsSafePicklesAsAFallback,
+    BuildsTheConfigUnbounded,
 )
 """Every broken loader, in catalogue order."""
 

@@ -281,10 +281,10 @@ class PreReadsDirectCheckpoint(DiTDefect):
 
 class MapsFilesInDirectModeOnCpu(DiTDefect):
     """Loads a direct plan onto the CPU as the ordinary CPU plan: eligible tensors are adopted
-    as views of the files' maps, not read into fresh host memory (DG-4, PLAN-3)."""
+    as views of the files' maps, not read into fresh host memory (PLAN-3)."""
 
     name = "broken-maps-files-in-direct-mode-on-cpu"
-    breaks = frozenset({"DG-4"})
+    breaks = frozenset({"PLAN-3"})
 
     @staticmethod
     def _plan(plan: PlanLike) -> WeightLoadPlan:

@@ -28,8 +28,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
+
 from reference.kit.failures import SeamView, describe
-from reference.kit.seam import METHODS
+from reference.kit.seam import METHODS, Unsupported
 from reference.kit.selection import resolve_spec
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "MEMORY_LIMIT",
     "STARTUP",
     "Attempt",
+    "SeamCall",
     "attempt",
     "attempt_with",
     "isolated_call",
@@ -109,7 +112,12 @@ def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], res
         resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
     except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit: keep it
         pass
-    call = prepare(*args)  # imports and resolves what the call needs: not charged to it
+    try:
+        call = prepare(*args)  # imports, resolves and warms what the call needs: not charged
+    except BaseException as error:
+        results.put(("ready",))
+        results.put(_raised(error, None))
+        return
     results.put(("ready",))
     before = _reset_peak()
 
@@ -120,11 +128,21 @@ def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], res
     try:
         value = call()
     except BaseException as error:
-        names = tuple(cls.__name__ for cls in type(error).__mro__)
-        found = {k: getattr(error, k) for k in ("file", "entry") if hasattr(error, k)}
-        results.put(("raised", names, " ".join(str(error).split()), found, grown(), None))
+        results.put(_raised(error, grown()))
         return
     results.put(("returned", (), describe(value), None, grown(), _picklable(value)))
+
+
+def _raised(error: BaseException, grown: int | None) -> tuple[Any, ...]:
+    text = " ".join(str(error).split())
+    if isinstance(error, Unsupported | pytest.skip.Exception):
+        # The adapter does not take this request (the seam view turns its `Unsupported` into a
+        # skip; one raised outside a seam method, or while warming, is the same answer): carried
+        # back as a skip of the test, never as the loader's failure.
+        return ("skipped", (), text, None, grown, None)
+    names = tuple(cls.__name__ for cls in type(error).__mro__)
+    found = {k: getattr(error, k) for k in ("file", "entry") if hasattr(error, k)}
+    return ("raised", names, text, found, grown, None)
 
 
 def _picklable(value: Any) -> Any:
@@ -188,6 +206,8 @@ def _isolated(
             continue
         outcome, names, text, found, grown, value = message
         child.join(5)
+        if outcome == "skipped":  # the seam's answer (`Unsupported`), not the loader's failure
+            pytest.skip(f"in the isolated attempt: {text}")
         return Attempt(outcome, tuple(names), text, found, grown, value)
     child.kill()
     child.join(5)
@@ -196,16 +216,23 @@ def _isolated(
     return Attempt("blocked", message=f"still running after {deadline:.0f} s: killed")
 
 
+SeamCall = tuple[Callable[..., Any], tuple[Any, ...], Mapping[str, Any]]
+"""`(function, args, kwargs)`: the call `function(loader, *args, **kwargs)`."""
+
+
 def _through_seam(
-    spec: str,
-    capabilities: frozenset[str],
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
+    spec: str, capabilities: frozenset[str], call: SeamCall, warm: SeamCall | None
 ) -> Callable[[], Any]:
     adapter = resolve_spec(spec, origin="the isolated attempt")
     allowed = frozenset().union(*(METHODS[c] for c in capabilities))
     view = SeamView(adapter, allowed=allowed, marked=capabilities)
+    if warm is not None:
+        # Before the measured call, neither timed nor measured: a process's one-time costs
+        # (torch's lazy imports on a first meta initialisation, allocator pools, first-call
+        # caches) are not the load's own (SPEC, "Memory is the load's own").
+        warm_function, warm_args, warm_kwargs = warm
+        warm_function(view, *warm_args, **warm_kwargs)
+    function, args, kwargs = call
     return lambda: function(view, *args, **kwargs)
 
 
@@ -219,6 +246,7 @@ def attempt_with(
     function: Callable[..., Any],
     *args: Any,
     deadline: float = DEADLINE,
+    warm: SeamCall | None = None,
     **kwargs: Any,
 ) -> Attempt:
     """Call `function(loader, *args, **kwargs)` in a child process, where `loader` is the
@@ -230,10 +258,12 @@ def attempt_with(
         function: importable by module and name (a kit helper such as
             `reference.kit.judging.load_paths.load_on_path`); `args` and `kwargs` must pickle.
         deadline: seconds before the child is killed and the attempt counts as blocked.
+        warm: `(function, args, kwargs)`, called the same way first, unmeasured and untimed
+            (within `STARTUP`): the same kind of load on a small model, so that the attempt's
+            `peak_bytes` is the load's own growth. An error it raises is the attempt's.
     """
-    return _isolated(
-        _through_seam, (spec, capabilities, function, args, dict(kwargs)), deadline=deadline
-    )
+    request = (spec, capabilities, (function, args, dict(kwargs)), warm)
+    return _isolated(_through_seam, request, deadline=deadline)
 
 
 def attempt(

@@ -51,6 +51,7 @@ from reference.read.checkpoint import (
 )
 from reference.read.pool import PooledReader
 from reference.read.reading import InOrder, ReadOptions, pool_options, prefetch_workers
+from reference.report.steps import StepClock
 from reference.report.summary import LoadReport
 from reference.request.plan import WeightLoadPlan, effective_plan
 from reference.request.quantization import QuantizationSpec
@@ -277,11 +278,16 @@ def load_dit(
         HostMemoryError: the copies onto the CPU would not fit in `options.host_bytes`.
     """
     started = time.perf_counter()
-    plan = effective_plan(plan, fsdp=fsdp, component=component)
-    opened = open_checkpoint(checkpoint)
-    host_bytes = host_room(opened, plan.checkpoint_load_device, options, component=component)
-    module = build_dit(build, component=component, dtype=dtype, checkpoint=opened)
-    options.steps.check_names(module, set(opened.tensors), component=component, files=opened.files)
+    clock = StepClock()
+    with clock.step("open"):
+        plan = effective_plan(plan, fsdp=fsdp, component=component)
+        opened = open_checkpoint(checkpoint)
+        host_bytes = host_room(opened, plan.checkpoint_load_device, options, component=component)
+    with clock.step("build"):
+        module = build_dit(build, component=component, dtype=dtype, checkpoint=opened)
+        options.steps.check_names(
+            module, set(opened.tensors), component=component, files=opened.files
+        )
     records = place_tensors(
         module,
         opened,
@@ -290,10 +296,17 @@ def load_dit(
         options=options,
         host_bytes=host_bytes,
         component=component,
+        clock=clock,
     )
-    events = finish(
-        module, plan, quantization=quantization, kinds=kinds, options=options, component=component
-    )
+    with clock.step("finish"):
+        events = finish(
+            module,
+            plan,
+            quantization=quantization,
+            kinds=kinds,
+            options=options,
+            component=component,
+        )
     report = LoadReport(
         component=component,
         plan=plan,
@@ -302,6 +315,7 @@ def load_dit(
         events=events,
         notes=skipped_notes(opened.skipped),
         precision=dtype,
+        steps=clock.seconds(),
     )
     # In eval mode, as diffusers' from_pretrained returns a model.
     return module.eval(), report
@@ -335,15 +349,19 @@ def place_tensors(
     options: DiTOptions,
     host_bytes: int | None,
     component: str,
+    clock: StepClock | None = None,
 ) -> tuple[TensorRecord, ...]:
     """Read every tensor onto the plan's load device and give it its slot (adopted or copied:
     `reference.place.adopt.load_full_state`). A mismatch found while a tensor was in hand names
-    that tensor's file.
+    that tensor's file. With `clock`, making the reader and waiting on it count as the `read`
+    step, the rest as `place`.
 
     Raises:
         StateMismatchError: a tensor and its slot disagree.
         HostMemoryError: a copy would pass `host_bytes`.
     """
+    clock = StepClock() if clock is None else clock
+    began = time.perf_counter()
     device = plan.checkpoint_load_device
     direct = plan.load_full_state_dict_on_device
     steps = options.steps
@@ -359,6 +377,8 @@ def place_tensors(
             device=device,
             kinds=kinds,
         )
+    clock.add("read", time.perf_counter() - began)
+    began = time.perf_counter()
     tensors = InOrder(reader, device=device)
     try:
         return load_full_state(
@@ -384,6 +404,8 @@ def place_tensors(
         failure.__cause__ = exc.__cause__
     finally:
         reader.close()
+        clock.add("read", tensors.waited)
+        clock.add("place", time.perf_counter() - began - tensors.waited)
     raise failure
 
 

@@ -5,11 +5,14 @@ A model's constructor allocates with torch's factory functions (`torch.empty` in
 `nn.Linear`, `torch.arange` for a rotary table) and with the ops that derive a table from them
 (`torch.outer`, `.cos()`). `allocation_guard` watches both through a `TorchFunctionMode`, which
 is thread-local like `with torch.device(...)`: before a factory allocates on the CPU, the bytes
-it asks for are added to what the construction holds; before an op on CPU tensors runs, it is
-run once on `meta` copies of its inputs (free) to learn the bytes of what it returns. Past the
-budget, the construction is refused with `HostMemoryError` naming the component, the bytes, the
-shape asked for and the config.json keys that sized it, and nothing is allocated. Tensors the
-meta build sends to `meta` give their bytes back (`release`).
+it asks for are added to what the construction holds; before an op on CPU tensors runs, the
+bytes of what it returns are learnt from its shape arithmetic, or from one run on `meta` copies
+of its inputs for an op whose arithmetic is not known (`reference.place.op_sizes`). Nested guards
+share one mode, so a call the construction makes costs one look-up of its function when it
+cannot allocate (a property, a view, an in-place op). Past the budget, the construction is
+refused with `HostMemoryError` naming the component, the bytes, the shape asked for and the
+config.json keys that sized it, and nothing is allocated. Tensors the meta build sends to `meta`
+give their bytes back (`release`).
 
 The budget is the memory the host has available (`MemAvailable`, or the cgroup's limit when that
 is lower), and, where the checkpoint is known, what that checkpoint can explain
@@ -20,7 +23,7 @@ instead of swapping the host.
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,9 +32,16 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 
 from reference.errors import HostMemoryError
+from reference.place.op_sizes import (
+    Kind,
+    cpu_tensors,
+    derived_request,
+    factory_request,
+    slot_bytes,
+    treatment_of,
+)
 
 __all__ = [
     "COPY_FIX",
@@ -134,11 +144,6 @@ def sizing_keys(config: Mapping[str, object], shape: tuple[int, ...]) -> list[st
     return found
 
 
-def slot_bytes(tensor: torch.Tensor) -> int:
-    """Bytes a fresh tensor of `tensor`'s shape and dtype takes (it may be on meta)."""
-    return math.prod(tensor.shape) * tensor.dtype.itemsize
-
-
 def refuse_beyond_host(
     component: str, needed: int, *, available: int | None, what: str, fix: str
 ) -> None:
@@ -156,30 +161,6 @@ def refuse_beyond_host(
         )
 
 
-def _size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
-    shape = kwargs.get("size", args[0] if args else None)
-    if isinstance(shape, int):
-        shape = args if all(isinstance(a, int) for a in args) else (shape,)
-    if isinstance(shape, torch.Size | tuple | list) and all(isinstance(d, int) for d in shape):
-        return tuple(shape)
-    return None
-
-
-def _arange_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:
-    numbers = [a for a in args if isinstance(a, int | float) and not isinstance(a, bool)]
-    start, end, step = 0.0, None, 1.0
-    if len(numbers) == 1:
-        end = numbers[0]
-    elif len(numbers) >= 2:
-        start, end = numbers[0], numbers[1]
-        step = numbers[2] if len(numbers) > 2 else kwargs.get("step", 1)
-    end = kwargs.get("end", end)
-    if end is None or not step:
-        return None
-    count: int = max(math.ceil((float(end) - start) / float(step)), 0)
-    return count
-
-
 def default_device() -> torch.device:
     """Where a factory call without a device allocates (the default device context)."""
     # torch.get_default_device arrived in torch 2.3. Before it, an allocation made inside
@@ -189,107 +170,26 @@ def default_device() -> torch.device:
     return get() if get is not None else torch.device("cpu")
 
 
-_SHAPED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
+class _Budget:
+    """One guard's budget and the bytes the construction holds against it."""
 
-
-_FACTORIES = frozenset({*_SHAPED, torch.arange, torch.range, torch.eye})
-_INITIALISERS = frozenset(
-    {
-        torch.Tensor.uniform_,
-        torch.Tensor.normal_,
-        torch.Tensor.fill_,
-        torch.Tensor.zero_,
-        torch.nn.init.uniform_,
-        torch.nn.init.normal_,
-        torch.nn.init.trunc_normal_,
-        torch.nn.init.constant_,
-        torch.nn.init.ones_,
-        torch.nn.init.zeros_,
-        torch.nn.init.xavier_uniform_,
-        torch.nn.init.xavier_normal_,
-        torch.nn.init.kaiming_uniform_,
-        torch.nn.init.kaiming_normal_,
-        torch.nn.init.orthogonal_,
-    }
-)
-"""In-place initialisers: on a meta tensor each is a no-op that returns the tensor."""
-
-
-def _request(
-    func: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    default_cpu: bool,
-) -> tuple[int, tuple[int, ...]]:
-    """Bytes (and shape) a factory call would allocate on the CPU ((0, ()) for anything
-    else); `default_cpu`: a call that names no device allocates on the CPU."""
-    if func not in _FACTORIES:  # most calls a constructor makes; asked first, since it is cheap
-        return 0, ()
-    device = kwargs.get("device")
-    if device is not None and torch.device(device).type != "cpu":
-        return 0, ()
-    if device is None and not default_cpu:
-        return 0, ()
-    dtype = kwargs.get("dtype") or torch.get_default_dtype()
-    shape: tuple[int, ...] | None
-    if func in _SHAPED:
-        shape = _size(args if func is not torch.full else args[:1], kwargs)
-    elif func in (torch.arange, torch.range):
-        count = _arange_count(args, kwargs)
-        shape = None if count is None else (count,)
-        if kwargs.get("dtype") is None and all(isinstance(a, int) for a in args):
-            dtype = torch.int64
-    else:  # torch.eye
-        n = args[0] if args else kwargs.get("n", 0)
-        m = args[1] if len(args) > 1 and isinstance(args[1], int) else kwargs.get("m", n)
-        shape = (n, m) if isinstance(n, int) and isinstance(m, int) else None
-    if shape is None:
-        return 0, ()
-    return math.prod(shape) * dtype.itemsize, shape
-
-
-def _on_cpu(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.device.type == "cpu"
-
-
-def _derived(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    """Whether `func` may allocate a new CPU tensor from CPU tensors (not in place, not a
-    factory): the ops that derive a table (`torch.outer`, `.cos()`, `*`)."""
-    name = getattr(func, "__name__", "")
-    if name.endswith("_") or name.startswith("__i") or func in _FACTORIES:
-        return False  # in place, or a factory (asked by `_request`)
-    leaves = pytree.tree_leaves((args, dict(kwargs)))
-    return any(_on_cpu(leaf) for leaf in leaves)
-
-
-def _derived_request(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> tuple[int, tuple[int, ...]]:
-    """Bytes (and shape) of the new tensors `func` would return, learnt by running it on `meta`
-    copies of its CPU inputs; views and ops that cannot run on meta count nothing."""
-
-    def to_meta(value: Any) -> Any:
-        return value.to("meta") if _on_cpu(value) else value
-
-    try:
-        out = func(*pytree.tree_map(to_meta, args), **pytree.tree_map(to_meta, dict(kwargs)))
-    except Exception:  # data-dependent or CPU-only ops: run as they are
-        return 0, ()
-    fresh = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t._base is None]
-    if not fresh:
-        return 0, ()
-    largest = max(fresh, key=slot_bytes)
-    return sum(map(slot_bytes, fresh)), tuple(largest.shape)
-
-
-class _Guard(TorchFunctionMode):
     def __init__(self, component: str, budget: int, config: Mapping[str, object] | None) -> None:
-        super().__init__()
         self.component = component
         self.budget = budget
         self.config = config or {}
         self.held = 0
+
+
+_ACTIVE: ContextVar[tuple[_Budget, ...]] = ContextVar("allocation_guard", default=())
+
+
+class _Watch(TorchFunctionMode):
+    """The one torch function mode that checks every guard active in its thread: guards nest
+    as budgets, not as modes, so a call pays one trip through Python however many enclose it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
         # A call reaches this mode without a device only through the device contexts entered
         # before it (one entered later sits above it and adds the device), so it is asked once.
         self.default_cpu = default_device().type == "cpu"
@@ -302,32 +202,51 @@ class _Guard(TorchFunctionMode):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func in _INITIALISERS:
+        treatment = treatment_of(func)
+        kind = treatment.kind
+        if kind is Kind.PASS:
+            return func(*args, **kwargs)
+        if kind is Kind.INITIALISER:
             # torch.nn.init passes its tensor by keyword, Tensor methods as `self`.
             target = args[0] if args else kwargs.get("tensor")
             if isinstance(target, torch.Tensor) and target.is_meta:
                 # Initialising a parameter already sent to meta changes nothing; skipped,
                 # since torch runs it through its Python decompositions.
                 return target
-        asked, shape = _request(func, args, kwargs, default_cpu=self.default_cpu)
-        if not asked and _derived(func, args, kwargs):
-            asked, shape = _derived_request(func, args, kwargs)
-        if asked and self.held + asked > self.budget:
-            # An outer guard may not know the config an inner one (the class's build) was given.
-            config = self.config or next((g.config for g in _ACTIVE.get() if g.config), {})
-            keys = sizing_keys(config, shape)
-            blame = f"sized by {', '.join(keys)}" if keys else "check the sizes"
-            raise HostMemoryError(
-                f"{self.component}: constructing the model asks for {asked} bytes more of host"
-                f" memory (a {list(shape)} tensor; {self.held + asked} in all), past the"
-                f" {self.budget} bytes it may take (the host's available memory, and what its"
-                f" checkpoint explains); refused before allocating: {blame} in its config.json"
-            )
-        self.held += asked
+            return func(*args, **kwargs)
+        if kind is Kind.FACTORY:
+            asked, shape = factory_request(func, args, kwargs, default_cpu=self.default_cpu)
+        else:
+            tensors = cpu_tensors(args, kwargs)
+            if not tensors:
+                return func(*args, **kwargs)
+            asked, shape = derived_request(func, treatment.sizer, args, kwargs, tensors)
+        if asked:
+            _hold(asked, shape)
         return func(*args, **kwargs)
 
 
-_ACTIVE: ContextVar[tuple[_Guard, ...]] = ContextVar("allocation_guard", default=())
+_WATCH: ContextVar[_Watch | None] = ContextVar("allocation_watch", default=None)
+
+
+def _hold(asked: int, shape: tuple[int, ...]) -> None:
+    """Add `asked` bytes to every active guard, or refuse if any would pass its budget (the
+    innermost is asked first, as its own mode once was)."""
+    guards = _ACTIVE.get()
+    for guard in reversed(guards):
+        if guard.held + asked > guard.budget:
+            # An outer guard may not know the config an inner one (the class's build) was given.
+            config = guard.config or next((g.config for g in guards if g.config), {})
+            keys = sizing_keys(config, shape)
+            blame = f"sized by {', '.join(keys)}" if keys else "check the sizes"
+            raise HostMemoryError(
+                f"{guard.component}: constructing the model asks for {asked} bytes more of host"
+                f" memory (a {list(shape)} tensor; {guard.held + asked} in all), past the"
+                f" {guard.budget} bytes it may take (the host's available memory, and what its"
+                f" checkpoint explains); refused before allocating: {blame} in its config.json"
+            )
+    for guard in guards:
+        guard.held += asked
 
 
 @contextmanager
@@ -347,11 +266,19 @@ def allocation_guard(
     if budget is None:
         yield
         return
-    guard = _Guard(component, budget, config)
-    token = _ACTIVE.set((*_ACTIVE.get(), guard))
+    token = _ACTIVE.set((*_ACTIVE.get(), _Budget(component, budget, config)))
     try:
-        with guard:
-            yield
+        watch = _WATCH.get()
+        if watch is not None and watch.thread == threading.get_ident():
+            yield  # an enclosing guard's mode watches this thread already
+            return
+        watch = _Watch()
+        watching = _WATCH.set(watch)
+        try:
+            with watch:
+                yield
+        finally:
+            _WATCH.reset(watching)
     finally:
         _ACTIVE.reset(token)
 

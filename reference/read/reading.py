@@ -40,6 +40,7 @@ where the pool stages buffers for a device: `max_tensors` 16 and `max_bytes` 256
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -154,15 +155,24 @@ def prefetch_workers(reading: ReadOptions | None) -> int:
 class InOrder:
     """Each tensor `reader` holds, in the reader's order, read onto `device`; while one is in
     hand `current` names it (None before the first and after the last), so a failure downstream
-    can name the tensor's file."""
+    can name the tensor's file. `waited` is the seconds spent in the reader (the load's read
+    step), apart from what the caller does with each tensor."""
 
     def __init__(self, reader: TensorReader, *, device: torch.device) -> None:
         self.reader = reader
         self.device = device
         self.current: str | None = None
+        self.waited = 0.0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        clock = time.perf_counter
+        began = clock()
         for name in self.reader:
             self.current = name
-            yield name, self.reader.read(name, device=self.device)
+            tensor = self.reader.read(name, device=self.device)
+            self.waited += clock() - began
+            yield name, tensor
+            del tensor
+            began = clock()
+        self.waited += clock() - began
         self.current = None

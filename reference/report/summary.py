@@ -28,7 +28,9 @@ class Tally(NamedTuple):
 class LoadReport:
     """Per-component summary of one load; `notes` are what a user should know that is not a
     refusal (files of the folder that were not read); `precision` is the dtype the component
-    was built in (PREC-6; None where the load asked for none: the build's own dtypes)."""
+    was built in (PREC-6; None where the load asked for none: the build's own dtypes); `steps`
+    the seconds of each step of the load, where the loader timed them
+    (`reference.report.steps`)."""
 
     component: str
     plan: WeightLoadPlan
@@ -37,6 +39,7 @@ class LoadReport:
     events: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
     precision: torch.dtype | None = None
+    steps: tuple[tuple[str, float], ...] = ()
 
     def _count(self, how: How) -> Tally:
         chosen = [r for r in self.records if r.how == how]

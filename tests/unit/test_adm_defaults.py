@@ -22,6 +22,7 @@ from fakes.pipelines import (
 )
 from fakes.platform import FakePlatform
 from fakes.vae import UnrebuiltBufferVAE, VAEConfig
+from reference.kit.judging.judge import tensor_named
 from reference.kit.seam import (
     ADMISSION,
     PIPELINES,
@@ -109,8 +110,7 @@ def test_without_a_flag_each_component_loads_as_an_ordinary_build(
         assert loaded[key].device.type == runtime_device.type, key
         assert loaded[key].dtype == tensor.dtype, key
         assert torch.equal(bits(loaded[key]), bits(tensor)), key
-    for (
-        key,
-        buffer,
-    ) in ordinary.named_buffers():  # non-persistent ones too: as construction made them
-        torch.testing.assert_close(module.get_buffer(key).cpu(), buffer)
+    # Every buffer's value, non-persistent ones too (as construction made them), by name:
+    # whether a buffer is still a buffer (not re-registered as a parameter) is ZC-15's to judge.
+    for key, buffer in ordinary.named_buffers():
+        torch.testing.assert_close(tensor_named(module, key).cpu(), buffer)

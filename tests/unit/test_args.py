@@ -574,7 +574,7 @@ def test_residency_is_checked_for_every_transformer(
         )
     )
     error = refusal(lambda: loader.admit(two_dits, args, platform=CUDA))
-    assert_names_one_of(error, DIT, DIT_U)
+    # (naming the flag is DG-2's to judge: here the component the refusal names)
     assert names_component(str(error), named), f"does not name {named!r}: {error}"
     loader.admit(
         two_dits, loader.make_server_args(ServingOptions(runtime_device=ACCEL)), platform=CUDA
@@ -602,7 +602,7 @@ def test_dit_refusal_names_every_transformer(
         )
     )
     error = refusal(lambda: loader.admit(two_dits, args, platform=CUDA))
-    assert_names_one_of(error, DIT, DIT_U)
+    # (naming the flag is DG-2's to judge: here the components the refusal names)
     for name in ("transformer", "transformer_2"):
         assert names_component(str(error), name), f"does not name {name!r}: {error}"
 

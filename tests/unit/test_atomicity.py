@@ -66,15 +66,20 @@ sealed = pytest.fixture(autouse=True)(sealing)
 
 
 def load_on(
-    path: str, loader: SeamLoader, tmp_path: Path, runtime_device: torch.device
+    path: str,
+    loader: SeamLoader,
+    tmp_path: Path,
+    runtime_device: torch.device,
+    *,
+    shards: int = 2,
 ) -> tuple[Path, Callable[[], object]]:
-    """Write the corpus base in two shards for `path` and return (shard folder, the load)."""
+    """Write the corpus base in `shards` files for `path` and return (its folder, the load)."""
     if path in PIPELINE_COMPONENTS:
         folder = corpus_pipeline(tmp_path, emptied=path)
-        write_checkpoint(small_state(), folder, shards=2)
+        write_checkpoint(small_state(), folder, shards=shards)
         return folder, lambda: load_component(loader, tmp_path, path, runtime_device=runtime_device)
     folder = tmp_path / "ckpt"
-    index = write_checkpoint(small_state(), folder, shards=2)
+    index = write_checkpoint(small_state(), folder, shards=shards)
     return folder, lambda: load_checkpoint(path, loader, index, runtime_device=runtime_device)
 
 
@@ -179,11 +184,21 @@ def test_failure_after_every_tensor_is_in_leaves_nothing_behind(
 
 @pytest.mark.capability(CHECKPOINT_SAFETY)
 @pytest.mark.rule("ZC-13", "CKPT-5")
+@pytest.mark.parametrize("shards", [1, 2], ids=["one-file", "sharded"])
 @pytest.mark.parametrize("path", PATHS)
 def test_writing_to_every_loaded_tensor_leaves_the_files_unchanged(
-    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, sealed: Seal, path: str
+    loader: SeamLoader,
+    runtime_device: torch.device,
+    tmp_path: Path,
+    sealed: Seal,
+    *,
+    path: str,
+    shards: int,
 ) -> None:
-    folder, load = load_on(path, loader, tmp_path, runtime_device)
+    """Catches a loader that maps a checkpoint shared instead of copy-on-write, for one-file
+    checkpoints (the common case) as for shards: a write to an adopted parameter reaches the
+    file."""
+    folder, load = load_on(path, loader, tmp_path, runtime_device, shards=shards)
     sealed.add(tmp_path)
     module = load()
     assert isinstance(module, nn.Module)

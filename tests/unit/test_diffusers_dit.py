@@ -42,7 +42,7 @@ from reference.kit.judging.evidence import (
     safetensors_files,
 )
 from reference.kit.judging.file_maps import file_position, maps_missing, tensor_positions
-from reference.kit.judging.judge import refusal
+from reference.kit.judging.judge import refusal, tensor_named
 from reference.kit.seam import PIPELINES, ComponentRequest, Precisions, SeamLoader, ServingOptions
 from reference.request.quantization import QuantizationSpec
 
@@ -122,15 +122,17 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 def assert_same_as_diffusers(
     module: nn.Module, expected: nn.Module, pipeline: HubPipeline, device: torch.device
 ) -> None:
-    """Same class, same state bit for bit, same buffers, same output of one forward pass."""
-    assert type(module) is type(expected)
+    """Same state bit for bit, same buffers, same output of one forward pass. The class is the
+    loader's choice (SPEC, "State, not identity"): a native implementation of the model passes
+    when its state and outputs are diffusers'."""
     got, want = module.state_dict(), expected.state_dict()
     assert set(got) == set(want)
     for key, tensor in want.items():
         assert got[key].dtype == tensor.dtype, key
         assert torch.equal(bits(got[key]), bits(tensor)), key
-    for key, buffer in expected.named_buffers():  # non-persistent ones too (rotary tables)
-        assert torch.equal(bits(module.get_buffer(key)), bits(buffer)), key
+    # Non-persistent ones too (rotary tables), by name: that a buffer stayed a buffer is ZC-15's.
+    for key, buffer in expected.named_buffers():
+        assert torch.equal(bits(tensor_named(module, key)), bits(buffer)), key
     out = pipeline.dit.forward(module, device).cpu()
     assert torch.equal(out, pipeline.dit.forward(expected.to(device), device).cpu())
 
@@ -146,7 +148,9 @@ def load_offloaded(
     loader: SeamLoader, runtime_device: torch.device, root: Path
 ) -> tuple[nn.Module, dict[str, torch.Tensor], set[str]]:
     """The transformer loaded under CPU offload; its parameters; those whose bytes are the
-    checkpoint file's own (first byte maps the file at that tensor's offset)."""
+    checkpoint file's own (first byte maps the file at the offset of one of its tensors: by
+    where it lies, not by name, since a loader's own class may name its parameters its own
+    way)."""
     reason = maps_missing()
     if reason is not None:
         pytest.skip(reason)
@@ -159,7 +163,8 @@ def load_offloaded(
     )
     params = param_names(module)
     assert params, "the transformer has parameters"
-    in_place = {key for key, p in params.items() if file_position(p) == positions[key]}
+    starts = set(positions.values())
+    in_place = {key for key, p in params.items() if file_position(p) in starts}
     return module, params, in_place
 
 
@@ -203,8 +208,6 @@ def test_adopted_diffusers_parameters_do_not_require_grad(
     _, params, in_place = load_offloaded(loader, runtime_device, root)
     assert in_place, "some parameter was adopted"
     assert not any(params[key].requires_grad for key in in_place)
-    positions = tensor_positions(root / "transformer")
-    assert {positions[key] for key in in_place} == {file_position(params[k]) for k in in_place}
 
 
 @pytest.mark.capability(PIPELINES)
@@ -309,7 +312,8 @@ def test_a_second_diffusers_transformer_is_adopted_too(
         ComponentRequest(root, "transformer_2", args, platform=NO_CUDA)
     )
     params = param_names(module)
-    assert all(file_position(p) == positions[key] for key, p in params.items())
+    starts = set(positions.values())  # transformer_2's own files, by where each tensor lies
+    assert all(file_position(p) in starts for p in params.values())
     expected = from_pretrained(diffusers, root, WAN22_PIPELINE, component="transformer_2")
     assert_same_as_diffusers(module, expected, WAN22_PIPELINE, torch.device("cpu"))
 

@@ -170,7 +170,8 @@ def test_pipeline_vae_named_by_diffusers_loads_like_from_pretrained(
         )
     )
     module = loader.load_pipeline_component(ComponentRequest(root, "vae", args, platform=SYSTEM))
-    assert type(module) is cls
+    # The state and the decode are judged, not the class: a loader may build its own
+    # implementation of the named class (SPEC, "State, not identity").
     expected = from_pretrained(cls, root / "vae", runtime_device)
     assert_same_vae(module, expected, vae.sample_latents(runtime_device), runtime_device)
 

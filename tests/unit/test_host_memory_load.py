@@ -10,6 +10,7 @@ preflight, before any tensor is read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,3 +187,51 @@ def test_a_guard_without_a_known_budget_checks_nothing(monkeypatch: pytest.Monke
     monkeypatch.setattr(host_memory, "available_host_bytes", lambda: None)
     with host_memory.allocation_guard("vae"):
         assert torch.empty(1 << 10).numel() == 1 << 10
+
+
+def _ops() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    return {
+        "outer": torch.outer,
+        "div-scalar": lambda a, b: a / 3.0,
+        "rpow": lambda a, b: 10000.0 ** (a / 64),
+        "broadcast-product": lambda a, b: a[:, None] * b[None, :],
+        "cos": lambda a, b: a.cos(),
+        "float": lambda a, b: a.double().float(),
+        "to": lambda a, b: a.to(torch.bfloat16),
+        "cat": lambda a, b: torch.cat([a[:, None], a[:, None]], dim=-1),
+        "stack": lambda a, b: torch.stack([b, b], dim=1),
+        "repeat": lambda a, b: b.repeat(3, 2),
+        "repeat_interleave": lambda a, b: torch.outer(a, b).repeat_interleave(2, dim=1),
+        "clone": lambda a, b: b.clone(),
+    }
+
+
+@pytest.mark.parametrize("op", _ops().values(), ids=_ops().keys())
+def test_the_shape_arithmetic_sizes_a_derived_table_at_least_as_meta_does(
+    op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> None:
+    """The guard sizes known ops without running them on meta; its count is never below the
+    bytes meta gives for the same call, and the shape it names is the result's."""
+    from reference.place.host_memory import allocation_guard
+
+    a, b = torch.arange(96, dtype=torch.float32), torch.ones(5)
+    with allocation_guard("transformer", budget=GIB):
+        expected = op(a, b)
+    shape = re.escape(str(list(expected.shape)))
+    with (
+        allocation_guard("transformer", budget=expected.nbytes - 1),
+        pytest.raises(HostMemoryError, match=shape),
+    ):
+        op(a, b)
+
+
+def test_one_mode_watches_nested_guards_each_against_its_own_budget() -> None:
+    from reference.place.host_memory import allocation_guard
+
+    modes = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+    with allocation_guard("outer", budget=GIB), allocation_guard("inner", budget=1 << 12):
+        inside = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+        assert len(inside) == len(modes) + 1
+        with pytest.raises(HostMemoryError, match=r"^inner: "):
+            torch.outer(torch.ones(64), torch.ones(64))  # 16 KiB: past the inner budget only
+        assert torch.outer(torch.ones(16), torch.ones(16)).numel() == 256

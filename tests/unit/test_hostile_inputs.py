@@ -331,7 +331,7 @@ def test_pipeline_json_is_read_bounded_and_refused_naming_the_file(
     one_printable_line(str(caught.value))
 
 
-# --- construction that asks for more memory than the host has ------------------------------------
+# --- construction that asks for more memory than the host has (CKPT-6) --------------------------
 
 
 class HugeVAE(CorpusVAE):
@@ -350,7 +350,7 @@ class HugeTableDiT(CorpusDiT):
         self.register_buffer("table", torch.arange(1 << 40, dtype=torch.float32), persistent=False)
 
 
-@pytest.mark.rule("CKPT-4")
+@pytest.mark.rule("CKPT-6")
 @pytest.mark.reference_only(OWN)
 @pytest.mark.parametrize(
     "path",
@@ -379,7 +379,7 @@ def test_construction_beyond_host_memory_is_refused_before_allocating(
     assert time.perf_counter() - started < 20
 
 
-@pytest.mark.rule("CKPT-4")
+@pytest.mark.rule("CKPT-6")
 @pytest.mark.reference_only(OWN)
 @pytest.mark.capability(PIPELINES)
 @pytest.mark.parametrize(

@@ -697,6 +697,8 @@ class SlowReader:
             time.sleep(600)
         if str(path) == "refuse":
             raise CheckpointError("refuse", None, "not a checkpoint")
+        if str(path) == "unsupported":
+            raise Unsupported("this loader takes no such path")
         return {"a": 1}
 
     def read_checkpoint_tensor(self, path: object, name: str, *, device: object) -> None:
@@ -718,6 +720,9 @@ def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> No
     assert attempt(spec, marked, "inspect_checkpoint", "ok").outcome == "returned"
     outside = attempt(spec, frozenset({PLANS}), "inspect_checkpoint", "ok")
     assert outside.raised("SeamViolation")
+    # The adapter's `Unsupported` is the seam's answer, wherever raised: a skip, not a failure.
+    with pytest.raises(pytest.skip.Exception, match="takes no such path"):
+        attempt(spec, marked, "inspect_checkpoint", "unsupported")
 
 
 CPU = torch.device("cpu")

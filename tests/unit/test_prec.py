@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from fakes.dit import DiTConfig, TinyDiT, write_dit_checkpoint
+from fakes.dit import DefaultDtypeDiT, DiTConfig, write_dit_checkpoint
 from fakes.layers import LINEAR_KINDS
 from fakes.pipelines import (
     MODEL_CLASSES,
@@ -202,7 +202,7 @@ def test_load_dit_builds_in_the_dtype_it_is_handed(
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path)
     module, _ = loader.load_dit(
-        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+        DitRequest(DefaultDtypeDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
     )
     assert_values_are_the_file_in(module, state, lambda _: dtype)
 
@@ -308,7 +308,7 @@ def test_a_checkpoint_in_the_slot_dtype_is_adopted_as_an_fp32_one_is(
     for saved_dtype in (FP32, dtype):
         path, _ = write_dit_checkpoint(tmp_path / NAMES[saved_dtype], dtype=saved_dtype)
         module, _ = loader.load_dit(
-            DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=saved_dtype)
+            DitRequest(DefaultDtypeDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=saved_dtype)
         )
         built = {v.dtype for v in floating_state(module).values()}
         if built != {saved_dtype}:
@@ -334,7 +334,7 @@ def test_a_checkpoint_in_another_dtype_is_converted_once(
     path, _ = write_dit_checkpoint(tmp_path, dtype=stored)
     file = saved(path.parent)
     module, _ = loader.load_dit(
-        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
+        DitRequest(DefaultDtypeDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=dtype)
     )
     slots = floating_state(module)
     assert_values_are_the_file_in(module, file, lambda k: slots[k].dtype)
@@ -382,7 +382,8 @@ def test_a_direct_load_converts_one_tensor_at_a_time(
     isolated_with: Callable[..., Attempt],
     tmp_path: Path,
 ) -> None:
-    """A direct load of an fp32 checkpoint as a bf16 DiT onto the CPU, in a fresh process:
+    """A direct load of an fp32 checkpoint as a bf16 DiT onto the CPU, in a fresh process
+    warmed by the same load of a small DiT (SPEC, "Memory is the load's own"):
     host memory grows by the bf16 model plus at most one fp32 tensor in flight (a loader that
     converts the whole state first holds all of it beside the model). The GPU tier's peak
     device memory judges CUDA."""
@@ -394,8 +395,15 @@ def test_a_direct_load_converts_one_tensor_at_a_time(
     path, state = write_dit_checkpoint(tmp_path, config=BIG)
     largest = max(t.nbytes for t in state.values())
     del state
+    small, _ = write_dit_checkpoint(tmp_path / "warm")
     result = isolated_with(
-        direct_load_host_growth, path, BIG, runtime_device, dtype=BF16, deadline=60
+        direct_load_host_growth,
+        path,
+        BIG,
+        runtime_device,
+        dtype=BF16,
+        deadline=60,
+        warm=(direct_load_host_growth, (small, DiTConfig(), runtime_device), {"dtype": BF16}),
     )
     assert result.outcome == "returned", f"the direct load {result.outcome}: {result.message}"
     growth, devices, model = result.value  # the model as loaded (its dtype is PREC-1's)
@@ -418,7 +426,7 @@ def test_the_report_states_the_precision_and_each_conversion(
 ) -> None:
     path, state = write_dit_checkpoint(tmp_path, dtype=stored)
     module, report = loader.load_dit(
-        DitRequest(TinyDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=BF16)
+        DitRequest(DefaultDtypeDiT, path, plan=Plan(CPU), kinds=LINEAR_KINDS, dtype=BF16)
     )
     skip_unless_built_in(module, BF16)
     assert report.precision == BF16, f"the report states precision {report.precision}"

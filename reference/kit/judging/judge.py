@@ -8,6 +8,7 @@ check (the module untouched, the files unread: see `reference.kit.judging.eviden
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -19,12 +20,15 @@ from reference.kit.failures import SeamViolation
 __all__ = [
     "T",
     "assert_computed_alike",
+    "assert_identifies",
     "assert_names",
     "chain",
+    "identifies",
     "loaded_or_refused",
     "loaded_or_skip",
     "refusal",
     "skip_cpu_runtime_without_the_setting",
+    "tensor_named",
 ]
 
 T = TypeVar("T")
@@ -70,6 +74,38 @@ def assert_names(raised: BaseException, *names: str) -> None:
     message = str(raised)
     left_out = [name for name in names if name not in message]
     assert not left_out, f"the refusal does not name {left_out}: {message!r}"
+
+
+def identifies(message: str, name: str) -> bool:
+    """Whether `message` names the thing called `name` (a function, field, flag or component),
+    in any usual spelling: any case, its words joined by `_`, `-`, a space or nothing, with or
+    without leading underscores or dashes, as a whole word (`state_dict` is not named by
+    `load_state_dict`)."""
+    words = [w for w in re.split(r"[_\-\s]+", name) if w]
+    if not words:
+        return False
+    spelled = r"[_\- ]?".join(re.escape(w) for w in words)
+    pattern = rf"(?<![\w-])[_-]*{spelled}(?![\w-])"
+    return re.search(pattern, message, re.IGNORECASE) is not None
+
+
+def assert_identifies(raised: BaseException, *alternatives: str) -> None:
+    """The error's message identifies the offending thing: at least one of `alternatives`
+    (names of one thing) in any usual spelling (`identifies`). The rest of the wording is the
+    loader's."""
+    message = str(raised)
+    assert any(identifies(message, name) for name in alternatives), (
+        f"the refusal names none of {list(alternatives)} (in any spelling): {message!r}"
+    )
+
+
+def tensor_named(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The tensor `module` holds under the dotted `name`, parameter or buffer alike: whether a
+    buffer stayed a buffer is ZC-15's question, not that of a test comparing values."""
+    owner, _, leaf = name.rpartition(".")
+    value = getattr(module.get_submodule(owner), leaf)
+    assert isinstance(value, torch.Tensor), f"{name} is no tensor of the module: {value!r}"
+    return value
 
 
 def chain(raised: BaseException) -> Iterator[BaseException]:

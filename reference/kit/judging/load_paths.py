@@ -49,11 +49,13 @@ __all__ = [
     "PIPELINE_COMPONENTS",
     "direct_device",
     "direct_load_host_growth",
+    "load_built",
     "load_checkpoint",
     "load_component",
     "load_on_path",
     "load_with_a_shard_swapped_for_a_pipe",
     "sees_zc3",
+    "sized_past",
 ]
 
 CHECKPOINT_PATHS = ("dit-adopt", "dit-direct", "vae-stream")
@@ -128,6 +130,27 @@ def load_on_path(
     if path in PIPELINE_COMPONENTS:
         return load_component(loader, target, path, runtime_device=runtime_device)
     return load_checkpoint(path, loader, target, runtime_device=runtime_device)
+
+
+def load_built(
+    loader: SeamLoader,
+    path: str,
+    checkpoint: Path,
+    *,
+    build: Callable[[], nn.Module],
+    runtime_device: torch.device,
+) -> nn.Module:
+    """`load_checkpoint` of `build` (which must pickle) on one of CHECKPOINT_PATHS, the loader
+    first: module-level, for an isolated attempt."""
+    return load_checkpoint(path, loader, checkpoint, runtime_device=runtime_device, build=build)
+
+
+def sized_past(path: str, length: int) -> Callable[[], nn.Module]:
+    """The corpus model `path` loads, built with a rotary table of `length` positions computed
+    in `__init__` (derived with `torch.outer` and `.cos()`: no single factory call asks for
+    it), as a config.json's `rope_max_seq_len` sizes one."""
+    model = CorpusVAE if path == "vae-stream" else CorpusDiT
+    return functools.partial(model, rope_max_seq_len=length)
 
 
 def load_with_a_shard_swapped_for_a_pipe(

@@ -21,6 +21,9 @@ Figures per (path, cache) (bytes are growth over the process's state before the 
     resident_s: wall time of the load followed by one read of every loaded byte; for the lazy
         paths (adoption, load_file_assign) that is the time until every byte is resident
     load_cpu_s: CPU time of the load (all threads; steadier than wall time on a busy machine)
+    open_s, build_s, read_s, place_s, finish_s: the reference DiT load's own steps (timed runs;
+        `reference.report.steps`): build on meta with its guard, the reader made and waited on,
+        the rest of placing the tensors
     anon_peak, file_peak: peak anonymous / file-backed resident memory during the load
     anon_end, file_end: the same right after the load
     anon_peak_read, file_peak_read: the peaks through the load and the read

@@ -42,7 +42,7 @@ from reference.errors import HostMemoryError
 from reference.extras import install_hint
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
-from reference.programs.bench import limits
+from reference.programs.bench import construction, limits
 from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
 from reference.read.reading import ReadOptions
 from reference.report.memory import PeakSampler, resident
@@ -57,6 +57,7 @@ __all__ = [
     "Job",
     "Loaded",
     "PathSpec",
+    "built",
     "ddit_from_pretrained",
     "ddit_zero_copy",
     "diffusers_transformer",
@@ -124,6 +125,8 @@ class Loaded:
     # For a loader that reports no fates: bytes whose storage is a map of one of these files
     # count as adopted, the rest as copied (read off /proc/self/maps after the clock stops).
     mapped_from: tuple[Path, ...] = ()
+    # Seconds per step of a load that timed its steps (`LoadReport.steps`): build, read, place.
+    steps: tuple[tuple[str, float], ...] = ()
 
     def tensors(self) -> list[torch.Tensor]:
         if isinstance(self.result, torch.Tensor):
@@ -174,6 +177,7 @@ def from_report(module: nn.Module, report: LoadReport) -> Loaded:
         adopted=report.adopted.bytes,
         copied=report.copied.bytes,
         streamed=report.streamed.bytes,
+        steps=report.steps,
     )
 
 
@@ -266,6 +270,13 @@ def ddit_from_pretrained(job: Job) -> Loaded:
     cls = getattr(diffusers, spec.class_name)
     module: nn.Module = cls.from_pretrained(str(spec.folder), torch_dtype=torch.bfloat16)
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
+
+
+def built(build: Callable[[], nn.Module]) -> Loaded:
+    """A construction alone (`reference.programs.bench.construction`): its module is on meta,
+    so no byte is counted and none is read after the clock stops."""
+    build()
+    return Loaded(torch.empty(0), copied=0)
 
 
 def vae_stream(job: Job, *, device: torch.device, reading: ReadOptions | None = None) -> Loaded:
@@ -439,6 +450,20 @@ PATHS: dict[str, PathSpec] = {
         library="diffusers",
         about="reference pipeline loader, diffusers Wan DiT, CPU offload (zero-copy)",
     ),
+    "wan14b_guarded": PathSpec(
+        lambda job, _: built(construction.guarded_build),
+        model="ddit",
+        library="diffusers",
+        caches=("warm",),  # it reads no file
+        about="Wan2.1-T2V-14B DiT config, meta build as the reference builds it, guarded",
+    ),
+    "wan14b_unguarded": PathSpec(
+        lambda job, _: built(construction.unguarded_build),
+        model="ddit",
+        library="diffusers",
+        caches=("warm",),
+        about="the same meta build without the construction guard",
+    ),
     "ddit_pretrained": PathSpec(
         lambda job, _: ddit_from_pretrained(job),
         model="ddit",
@@ -534,6 +559,8 @@ def run(job: Job) -> dict[str, Any]:
             "resident_s": loaded_at - began + time.perf_counter() - read_began,
             "load_cpu_s": cpu_used,
         }
+        # the load's own steps, timed only here: a sampler thread would be charged to them
+        result |= {f"{step}_s": seconds for step, seconds in loaded.steps}
     total = sum(t.nbytes for t in tensors)
     host = sum(t.nbytes for t in tensors if t.device.type == "cpu")
     if loaded.mapped_from:

@@ -155,12 +155,22 @@ RATIOS = (
     Ratio(
         "diffusers_offload_time_over_from_pretrained",
         "<=",
-        lambda s: 1.0,
+        lambda s: 0.8,
         lambda s: (
             _fig(s, "ddit_zero_copy", "warm", "load_s")
             / _fig(s, "ddit_pretrained", "warm", "load_s")
         ),
         (("ddit_zero_copy", "warm"), ("ddit_pretrained", "warm")),
+    ),
+    Ratio(
+        "guarded_meta_build_over_unguarded",
+        "<=",
+        lambda s: 1.1,
+        lambda s: (
+            _fig(s, "wan14b_guarded", "warm", "load_s")
+            / _fig(s, "wan14b_unguarded", "warm", "load_s")
+        ),
+        (("wan14b_guarded", "warm"), ("wan14b_unguarded", "warm")),
     ),
     Ratio(
         "from_pretrained_anon_over_checkpoint",
