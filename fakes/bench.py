@@ -32,8 +32,10 @@ __all__ = [
     "BenchShapes",
     "diffusers_dit_config",
     "filled_state",
+    "text_encoder_config",
     "write_bench_checkpoints",
     "write_diffusers_bench",
+    "write_text_encoder_bench",
 ]
 
 MIB = 1024 * 1024
@@ -189,3 +191,55 @@ def write_diffusers_bench(folder: Path, target: int) -> Path:
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
     return transformer
+
+
+TEXT_ENCODER_VOCAB = 32128
+"""UMT5's own vocabulary is 256384 wide; this T5 one keeps the embedding a fraction of the
+benchmark's smaller sizes, as the blocks are in UMT5-XXL."""
+
+
+def text_encoder_config(target: int) -> dict[str, object]:
+    """A `UMT5Config` of about `target` bytes of float32 weights: width 512, 8 heads of 64, a
+    gated feed-forward of 1024, an embedding of at most a quarter of the target, and as many
+    blocks as the rest holds (at least 1). A block holds about 4 * 512**2 (attention) +
+    3 * 512 * 1024 (feed-forward) values."""
+    d_model, d_ff = 512, 1024
+    vocab = min(TEXT_ENCODER_VOCAB, max(256, target // (16 * d_model)))
+    per_block = 4 * d_model * d_model + 3 * d_model * d_ff
+    layers = max(1, round((target // 4 - vocab * d_model) / per_block))
+    return {
+        "vocab_size": vocab,
+        "d_model": d_model,
+        "d_kv": 64,
+        "d_ff": d_ff,
+        "num_layers": layers,
+        "num_heads": 8,
+        "feed_forward_proj": "gated-gelu",
+    }
+
+
+def write_text_encoder_bench(folder: Path, target: int) -> Path:
+    """A one-component Hub-layout pipeline in `folder`: model_index.json and a `text_encoder`
+    (`UMT5EncoderModel` of about `target` bytes at fp32, stored in bf16 as UMT5-XXL ships)
+    written by transformers' `save_pretrained`.
+
+    Returns the text encoder's folder.
+
+    Raises:
+        ImportError: transformers is not installed.
+    """
+    import importlib
+    import json
+
+    transformers = importlib.import_module("transformers")
+    config = transformers.UMT5Config(**text_encoder_config(target))
+    model = transformers.UMT5EncoderModel(config).to(torch.bfloat16)
+    encoder = folder / "text_encoder"
+    model.save_pretrained(str(encoder))
+    index = {
+        "_class_name": "WanPipeline",
+        "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "UMT5EncoderModel"],
+    }
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    return encoder

@@ -5,8 +5,8 @@ from tiny components and saves it: `model_index.json` exactly as diffusers write
 entries, `[null, null]` for an absent one, and the pipeline's own settings such as Wan's
 `boundary_ratio` or HunyuanDiT's `requires_safety_checker`), the transformer and the VAE (one
 safetensors file, or shards with an index), the scheduler's config, and real transformers text
-encoders and tokenizers (fakes/text_encoders.py; the reference lists them as not
-loaded).
+encoders and tokenizers (fakes/text_encoders.py; the encoders load through the loader, TE, and
+the tokenizers are listed as not loaded).
 
 Each transformer has tens of KiB to a few MiB of float32 weights drawn from a seed, and the inputs
 of one forward pass. diffusers and transformers are imported only when something is built, so

@@ -36,6 +36,8 @@ __all__ = [
     "DefaultDtypeDiT",
     "DiTBlock",
     "DiTConfig",
+    "FollowingRotary",
+    "HookedRotaryDiT",
     "PlainDiT",
     "RotaryDiT",
     "TinyDiT",
@@ -195,6 +197,34 @@ class RotaryDiT(TinyDiT):
 
     def rotary(self, device: torch.device) -> torch.Tensor:
         return self.freqs.to(device)
+
+
+class FollowingRotary(nn.Module):
+    """Rotary frequencies computed on the device of a parameter its owner passes, as code that
+    follows the module's device does: under a meta build they are on meta, whatever the build
+    does with buffers. `rebuild_buffers(device)` recomputes them after a meta build."""
+
+    freqs: torch.Tensor
+
+    def __init__(self, hidden: int, device: torch.device) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.register_buffer("freqs", rotary_freqs(hidden, device), persistent=False)
+
+    def rebuild_buffers(self, device: torch.device) -> None:
+        # Computed on CPU, as construction does, so the values match an ordinary build.
+        self.freqs = rotary_freqs(self.hidden).to(device)
+
+
+class HookedRotaryDiT(TinyDiT):
+    """VAE-9 on the DiT path: each block holds a `FollowingRotary` (on meta after a meta
+    build, its hook two levels below the root's children: `blocks.<i>.rotary`)."""
+
+    def __init__(self, config: DiTConfig | None = None, **options: object) -> None:
+        super().__init__(config, **options)  # type: ignore[arg-type]
+        for block in self.blocks:
+            device = block.get_parameter("norm1.weight").device
+            block.rotary = FollowingRotary(self.config.hidden, device)
 
 
 class PlainDiT(nn.Module):

@@ -3,8 +3,9 @@
 A real diffusers pipeline declares its text encoders and tokenizers beside its DiT and VAE, and
 its own `save_pretrained` writes them. These are the smallest real ones: transformers' own
 classes with a few thousand parameters, and tokenizers built from a `tokenizers` vocabulary in
-memory (no file, no download). The reference does not load them; they make a pipeline folder
-exactly as diffusers writes one. transformers is imported when something is built.
+memory (no file, no download). They make a pipeline folder exactly as diffusers writes one,
+whose encoders the loader under test loads (TE); `CLIPVisionModelWithProjection` is the image
+encoder such pipelines declare. transformers is imported when something is built.
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ def _clip(class_name: str) -> Any:
     return getattr(t, class_name)(config)
 
 
+def _clip_vision() -> Any:
+    t = _transformers()
+    config = t.CLIPVisionConfig(
+        hidden_size=WIDTH,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        image_size=8,
+        patch_size=4,
+        projection_dim=WIDTH,
+    )
+    return t.CLIPVisionModelWithProjection(config)
+
+
 def _gemma2() -> Any:
     t = _transformers()
     config = t.Gemma2Config(
@@ -139,12 +154,13 @@ BUILDERS: Mapping[str, Callable[[], Any]] = {
     "CLIPTextModelWithProjection": lambda: _clip("CLIPTextModelWithProjection"),
     "Gemma2Model": _gemma2,
     "BertModel": _bert,
+    "CLIPVisionModelWithProjection": _clip_vision,
     "T5Tokenizer": lambda: word_tokenizer("T5Tokenizer"),
     "GemmaTokenizer": lambda: word_tokenizer("GemmaTokenizer"),
     "BertTokenizer": lambda: word_tokenizer("BertTokenizer"),
     "CLIPTokenizer": clip_tokenizer,
 }
-"""Every text part a tiny pipeline below uses, by its transformers class name."""
+"""Every text part a tiny pipeline uses (and an image encoder), by its transformers class name."""
 
 
 def build(class_name: str) -> Any:

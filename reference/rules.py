@@ -377,6 +377,38 @@ RULES: tuple[Rule, ...] = (
         "...also when the quantization is declared only in the safetensors __metadata__",
     ),
     Rule("VAE-13", MUST, UPSTREAM, "The CPU target branch works as well as the CUDA branch"),
+    # TE: text and image encoders (components of the transformers library)
+    Rule(
+        "TE-1",
+        MUST,
+        BEYOND,
+        "Text and image encoders load through the loader's own paths: the named class built"
+        " with no initialisation or host allocation, tensors under the CKPT rules, adopted"
+        " under CPU offload; every slot as from_pretrained(torch_dtype=) gives it",
+    ),
+    Rule(
+        "TE-2",
+        MUST,
+        BEYOND,
+        "Tied slots share one storage, filled from whichever tied name the checkpoint holds;"
+        " both held: equal adopted once, different refused naming both",
+    ),
+    Rule(
+        "TE-3",
+        MUST,
+        BEYOND,
+        "An encoder's precision defaults to its stored dtype; --text-encoder-precisions,"
+        " --image-encoder-precision and --component-precisions.<c> set it; fp32 kept as"
+        " from_pretrained keeps it",
+    ),
+    Rule(
+        "TE-4",
+        MUST,
+        BEYOND,
+        "An encoder the loader cannot build (missing class, auto_map, no transformers, an"
+        " unimplemented quantization) is refused before any tensor data is read, naming the"
+        " component, the class and the fix",
+    ),
     # CKPT: checkpoints and bad input
     Rule("CKPT-1", MUST, BEYOND, "Only safetensors is read; nothing from a checkpoint executes"),
     Rule("CKPT-2", MUST, BEYOND, "Sharded checkpoints load; index and shards must agree"),

@@ -82,6 +82,12 @@ from fakes.broken.strength import (
     PreflightsTheFirstShardOnly,
     RunsNoRebuildHooks,
 )
+from fakes.broken.text_encoders import (
+    HandsUnknownClassesToAutoModel,
+    InitialisesTheEncoderBuild,
+    LoadsEncodersAtTheDitPrecision,
+    UntiesTheEmbeddings,
+)
 from fakes.broken.vae import (
     BuildsBuffersOnMeta,
     CpuStreamKeepsFileViews,
@@ -185,6 +191,11 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     IgnoresChannelsLast,
     FallsBackForQuantizedVae,
     CpuStreamKeepsFileViews,
+    # text and image encoders
+    InitialisesTheEncoderBuild,
+    UntiesTheEmbeddings,
+    LoadsEncodersAtTheDitPrecision,
+    HandsUnknownClassesToAutoModel,
     # arguments and admission
     LenientDitFlag,
     CaseSensitiveComponentValues,

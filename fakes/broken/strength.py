@@ -13,7 +13,6 @@ from torch import nn
 from fakes.broken.base import BrokenAdapter
 from fakes.broken.dit import DiTDefect
 from fakes.broken.readers import SharedMapReader
-from fakes.broken.vae import VAEDefect
 from reference.errors import CheckpointError, StateDictABIError
 from reference.kit.seam import ComponentRequest, PlanLike
 from reference.load.dit import DiTSteps
@@ -192,13 +191,17 @@ def rebuild_without_hooks(
     return tuple(buffers)
 
 
-class RunsNoRebuildHooks(VAEDefect):
+class RunsNoRebuildHooks(DiTDefect):
     """Accepts a buffer construction leaves on meta when the module has a hook to rebuild it,
-    then never runs the hook: the buffer is refused only after the stream (VAE-9: a loader
-    that does not rebuild it must refuse right after the meta build)."""
+    then never runs the hook, on the DiT and the VAE paths: the buffer is refused only after
+    every tensor was read (VAE-9: a loader that does not rebuild it must refuse right after the
+    meta build)."""
 
     name = "broken-runs-no-rebuild-hooks"
     breaks = frozenset({"VAE-9"})
+
+    def dit_steps(self, plan: PlanLike, *, fsdp: bool) -> DiTSteps:
+        return DiTSteps(rebuild_buffers=rebuild_without_hooks)
 
     def vae_steps(self) -> VAESteps:
         return VAESteps(rebuild_buffers=rebuild_without_hooks)

@@ -294,6 +294,9 @@ class Conformance:
             shown = printable(text)
             if shown != text:  # a path that is not UTF-8 would break the report
                 report.longrepr = shown
+        # The captured output and logs as well: a loader that logs such a path would stop a
+        # pytest-xdist worker from sending its report back.
+        report.sections = [(title, printable(content)) for title, content in report.sections]
         if self.worker:
             report.user_properties.append((RULES_PROPERTY, rules))
             report.user_properties.append((REASON_PROPERTY, reason))

@@ -50,6 +50,7 @@ __all__ = [
     "PLANS",
     "PROTOCOLS",
     "TENSOR_PARALLEL",
+    "TEXT_ENCODERS",
     "VAE_STREAM",
     "ZERO_COPY",
     "Admission",
@@ -58,6 +59,7 @@ __all__ = [
     "ComponentRequest",
     "DirectDit",
     "DitRequest",
+    "EncoderRequest",
     "Fp8Defer",
     "LinearKinds",
     "LoadReport",
@@ -78,6 +80,7 @@ __all__ = [
     "StateRequest",
     "TensorParallel",
     "TensorRecord",
+    "TextEncoders",
     "Unsupported",
     "VaeRequest",
     "VaeStream",
@@ -99,6 +102,7 @@ LOADER_SUPPORT = "loader_support"
 MEMORY_PREFLIGHT = "memory_preflight"
 PIPELINES = "pipelines"
 CHECKPOINT_SAFETY = "checkpoint_safety"
+TEXT_ENCODERS = "text_encoders"
 
 
 # --- value types -------------------------------------------------------------------------------
@@ -134,8 +138,9 @@ class Plan:
 @dataclass(frozen=True)
 class Precisions:
     """The dtype of each component, as a test hands it to a loader (PREC-1): every DiT
-    component in `dit`, every other component the loader loads (VAEs, vocoder) in `vae`, and
-    `components` over both, by component name. A test about precision always passes one, so
+    component in `dit`, the VAEs and the vocoder in `vae`, and `components` over both, by
+    component name (text and image encoders take theirs from `components` alone, else the
+    dtype their checkpoint stores, TE-3). A test about precision always passes one, so
     no test needs a loader's defaults to judge it (the defaults are judged from the command
     line, `parse_server_args([])`)."""
 
@@ -211,6 +216,21 @@ class ComponentRequest:
     _: KW_ONLY
     platform: Platform
     models: Mapping[str, type[nn.Module]] | None = None
+
+
+@dataclass(frozen=True)
+class EncoderRequest:
+    """One text or image encoder of a pipeline folder, as a test asks for it
+    (`load_text_encoder`): the folder, the component's name (`text_encoder`, `text_encoder_2`,
+    `image_encoder`, ...), the loader's arguments (`make_server_args`' or `parse_server_args`'
+    value: offload, precisions) and the platform facts. Its class is the one model_index.json
+    names (`["transformers", "<Class>"]`), which the loader builds by itself."""
+
+    pipeline_dir: Path
+    component: str
+    _: KW_ONLY
+    args: ServerArgsLike
+    platform: Platform
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -459,6 +479,25 @@ class Pipelines(_ServerArgsFactory, Protocol):
         ...
 
 
+class TextEncoders(_ServerArgsFactory, Protocol):
+    """TE-1..4: the `transformers` components of a pipeline (text encoders, and image encoders
+    where a pipeline declares one) loaded through the loader's own paths.
+
+    Invariants: the class is the one model_index.json names, built with no initialisation and
+    no host allocation for its slots; after the load every slot holds what
+    `<Class>.from_pretrained(folder, torch_dtype=<the component's precision>)` gives it (names,
+    dtypes, values), tied slots share one storage, and a CPU-offloaded encoder's tensors in
+    their slot's dtype are adopted from the files; the precision defaults to the dtype the
+    checkpoint stores; a class, custom code, a quantization or a missing library the loader
+    cannot build is refused before any tensor data is read, naming the component, the class and
+    the fix.
+    """
+
+    def load_text_encoder(self, request: EncoderRequest) -> nn.Module:
+        """Load one encoder component; returns it ready for inference (OUT-1)."""
+        ...
+
+
 class CheckpointSafety(Protocol):
     """CKPT-1/2/4, ZC-13: reading safetensors checkpoints, and refusing everything else.
 
@@ -494,6 +533,7 @@ class SeamLoader(
     LoaderSupport,
     MemoryPreflight,
     Pipelines,
+    TextEncoders,
     CheckpointSafety,
     Protocol,
 ):
@@ -514,6 +554,7 @@ PROTOCOLS: Mapping[str, type] = {
     LOADER_SUPPORT: LoaderSupport,
     MEMORY_PREFLIGHT: MemoryPreflight,
     PIPELINES: Pipelines,
+    TEXT_ENCODERS: TextEncoders,
     CHECKPOINT_SAFETY: CheckpointSafety,
 }
 """Each capability's Protocol."""

@@ -193,6 +193,7 @@ class DiTSteps:
     adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
     reader: Callable[[Checkpoint], TensorReader] | None = None
     check_names: Callable[..., None] = check_names
+    rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
     process: Callable[..., int] = process_weights
     offload: Callable[[nn.Module], None] = offload_to_cpu
 
@@ -421,9 +422,8 @@ def finish(
     """After the tensors are in: non-persistent buffers onto the load device, weight processing
     (FP8-2/3), then the deferred offload (FP8-2, FP8-6). Returns the events, in order."""
     events = ["load"]
-    device = plan.checkpoint_load_device
-    rebuild_non_persistent_buffers(module, device=device, component=component)
     steps = options.steps
+    steps.rebuild_buffers(module, device=plan.checkpoint_load_device, component=component)
     if steps.process(module, quantization=quantization, kinds=kinds, component=component):
         events.append("process")
     if plan.defer_cpu_offload:

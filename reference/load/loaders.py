@@ -1,5 +1,5 @@
 """Component loaders: one `load()` template that admits first, then loads (ADM-3, ADM-5), and its
-three kinds: the transformer (DiT), VAE and vocoder loaders.
+four kinds: the transformer (DiT), VAE, vocoder and encoder (text and image encoders) loaders.
 
 `ComponentLoader.load` runs, in this order and nowhere else:
   1. the loader gate (reference.request.admission.check_loader): refuses a request this loader
@@ -7,8 +7,8 @@ three kinds: the transformer (DiT), VAE and vocoder loaders.
      `admit_model`: the model class resolves and can take what is asked of it (a quantization),
      still before any file is opened;
   2. the hooks `fsdp_enabled` and `quantization_for`, then the plan;
-  3. `load_component`, the kind's work: `load_dit`, `load_vae` or the ordinary load
-     (reference.load.dit, .vae, .ordinary). There is no fallback path: a refusal (any
+  3. `load_component`, the kind's work: `load_dit`, `load_vae`, `load_encoder` or the ordinary
+     load (reference.load.dit, .vae, .encoder, .ordinary). There is no fallback path: a refusal (any
      `LoadError`, the no-fallback error among them) propagates as raised, and anything else that
      fails inside the load (torch, the OS, the model class) is wrapped in `ComponentLoadError`
      naming the component and the cause.
@@ -35,9 +35,10 @@ from torch import nn
 
 from reference.errors import ComponentCheckpointUnsupportedError, ComponentLoadError, LoadError
 from reference.load.dit import load_dit
+from reference.load.encoder import ENCODER_DEFAULTS, EncoderModel, EncoderOptions, load_encoder
 from reference.load.ordinary import load_ordinarily
 from reference.load.vae import load_vae
-from reference.place import diffusers_models
+from reference.place import diffusers_models, transformers_models
 from reference.place.adopt import LinearKinds
 from reference.place.build import build_module
 from reference.place.records import TensorRecord
@@ -49,19 +50,23 @@ from reference.request.args import QUANTIZATION_FLAG, ServerArgs
 from reference.request.model_index import (
     ComponentSpec,
     ModelRegistry,
+    is_encoder_component,
     is_transformer_component,
 )
 from reference.request.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.request.platform import SYSTEM, Platform
+from reference.request.precision import stored_dtype
 from reference.request.quantization import QuantizationSpec, requires_device_weight_processing
 
 __all__ = [
     "DIRECT_SUPPORT",
+    "ENCODER_DIRECT_SUPPORT",
     "TRANSFORMER_DIRECT_SUPPORT",
     "VAE_DIRECT_SUPPORT",
     "VOCODER_DIRECT_SUPPORT",
     "ComponentLoader",
     "DiTModel",
+    "EncoderLoader",
     "LoadRequest",
     "LoadedComponent",
     "TransformerLoader",
@@ -77,10 +82,12 @@ __all__ = [
 TRANSFORMER_DIRECT_SUPPORT = DirectSupport(dit_flag=True)
 VAE_DIRECT_SUPPORT = DirectSupport(components=frozenset({"vae", "video_vae"}))
 VOCODER_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
+ENCODER_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
 DIRECT_SUPPORT: dict[str, DirectSupport] = {
     "transformer": TRANSFORMER_DIRECT_SUPPORT,
     "vae": VAE_DIRECT_SUPPORT,
     "vocoder": VOCODER_DIRECT_SUPPORT,
+    "encoder": ENCODER_DIRECT_SUPPORT,
 }
 
 
@@ -96,6 +103,8 @@ def loader_kind(component: str) -> str:
         return "vae"
     if component == "vocoder":
         return "vocoder"
+    if is_encoder_component(component):
+        return "encoder"
     raise LoadError(
         f"component {component!r}: no loader covers it; known kinds: {', '.join(DIRECT_SUPPORT)}"
     )
@@ -204,7 +213,7 @@ class ComponentLoader(ABC):
             fsdp=fsdp,
             quantization=quantization,
             plan=self.plan_for(component, args, quantization=quantization, direct=direct),
-            dtype=args.precision_for(component.name),
+            dtype=self.precision_for(component, args),
         )
         start = time.perf_counter()
         try:
@@ -236,6 +245,10 @@ class ComponentLoader(ABC):
             CheckpointError: the class cannot be resolved.
         """
         self.registry.resolve(component.class_name, component=component)
+
+    def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
+        """The component's precision (PREC-1): `ServerArgs.precision_for`."""
+        return args.precision_for(component.name)
 
     def fsdp_enabled(self, component: ComponentSpec, args: ServerArgs) -> bool:
         """Whether FSDP shards this component (only loaders that support it say yes)."""
@@ -480,3 +493,76 @@ class VAELoader(ComponentLoader):
             dtype=request.dtype,
         )
         return module, list(report.records)  # load_vae returns it in eval mode
+
+
+class EncoderLoader(ComponentLoader):
+    """Loads text and image encoders (`text_encoder`, `text_encoder_2`, `image_encoder`, ...)
+    through `reference.load.encoder.load_encoder` (TE-1, TE-2). It supports no direct-GPU
+    loading (ADM-3): a resident encoder is read straight onto its device anyway.
+
+    A component whose model_index.json entry names the `transformers` library is built from
+    transformers' own class (reference.place.transformers_models), refused at admission when it
+    cannot be (TE-4); any other from the registry. Its precision defaults to the dtype its
+    checkpoint stores (TE-3, `ServerArgs.encoder_precision`).
+    """
+
+    kind = "encoder"
+    direct_support: ClassVar[DirectSupport] = ENCODER_DIRECT_SUPPORT
+
+    def __init__(
+        self,
+        *,
+        registry: ModelRegistry | None = None,
+        platform: Platform = SYSTEM,
+        options: EncoderOptions = ENCODER_DEFAULTS,
+    ) -> None:
+        super().__init__(registry=registry, platform=platform)
+        self.options = options
+
+    def model_for(self, spec: ComponentSpec) -> EncoderModel:
+        """Resolve the component's class now (no file is opened).
+
+        Raises:
+            ComponentCheckpointUnsupportedError: a transformers class that cannot be built (TE-4).
+            CheckpointError: a class of another library that is not registered.
+        """
+        if spec.library == transformers_models.LIBRARY:
+            cls = transformers_models.resolve_encoder_class(spec)
+            build = transformers_models.encoder_builder(spec, cls)
+        else:
+            if spec.quantization is not None:
+                transformers_models.resolve_encoder_class(spec)  # refuses the quantization
+            build = self.registered_builder(spec)
+        return EncoderModel(
+            build,
+            transformers_models.declared_ties,
+            transformers_models.fp32_keeper,
+            transformers_models.needs_no_initialisation,
+        )
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """TE-4: the class resolves and can be built as asked, before any file is opened.
+
+        Raises:
+            ComponentCheckpointUnsupportedError, CheckpointError: as `model_for`.
+        """
+        self.model_for(component)
+
+    def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
+        """TE-3: the flags' precision for this encoder, else the floating dtype its checkpoint
+        stores (read from the headers; fp32 for a checkpoint with no floating tensor)."""
+        checkpoint = open_checkpoint(component.folder)
+        stored = stored_dtype((info.dtype, info.nbytes) for info in checkpoint.tensors.values())
+        return args.encoder_precision(component.name, stored=stored or torch.float32)
+
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+        spec = request.component
+        module, report = load_encoder(
+            self.model_for(spec),
+            spec.folder,
+            plan=request.plan,
+            dtype=request.dtype,
+            component=spec.name,
+            options=self.options,
+        )
+        return module, list(report.records)  # load_encoder returns it in eval mode

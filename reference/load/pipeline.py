@@ -16,6 +16,7 @@ from pathlib import Path
 from reference.errors import LoadError
 from reference.load.loaders import (
     ComponentLoader,
+    EncoderLoader,
     LoadedComponent,
     TransformerLoader,
     VAELoader,
@@ -33,6 +34,7 @@ LOADERS: dict[str, type[ComponentLoader]] = {
     "transformer": TransformerLoader,
     "vae": VAELoader,
     "vocoder": VocoderLoader,
+    "encoder": EncoderLoader,
 }
 """Loader classes by kind (see reference.load.loaders.loader_kind)."""
 
@@ -81,9 +83,9 @@ def iter_load(
 def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
     """The declared components no loader covers, each with why it is not loaded.
 
-    They are listed, not refused: a scheduler or a tokenizer holds no model weights, and text
-    or image encoders belong to their own library (transformers), which this reference does not
-    load.
+    They are listed, not refused: a scheduler, a tokenizer, a processor or a feature extractor
+    holds no model weights. Every component with weights (DiTs, VAEs, vocoder, text and image
+    encoders) has a loader; one no loader covers is listed with that reason.
     """
     skipped = []
     for name, spec in pipeline.components.items():
@@ -93,10 +95,14 @@ def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
         lowered = (name + spec.class_name).lower()
         if "scheduler" in lowered:
             why = "a scheduler: settings, no weights"
-        elif "tokenizer" in lowered or "processor" in lowered:
+        elif "tokenizer" in lowered or "processor" in lowered or "extractor" in lowered:
             why = "a tokenizer or processor: vocabulary and settings, no weights"
         else:
-            why = f"not a DiT, VAE or vocoder; load it with its own library ({spec.library})"
+            why = (
+                f"no loader of the reference covers the component {name!r} (DiTs, VAEs,"
+                f" vocoder, text and image encoders); load it with its own library"
+                f" ({spec.library})"
+            )
         skipped.append((name, f"{what}: {why}"))
     return tuple(skipped)
 

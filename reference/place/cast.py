@@ -4,25 +4,38 @@ adopted and any other is converted once (PREC-4)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from reference.place.modules import find_slots
-from reference.request.precision import fp32_modules, slot_dtype
+from reference.request.precision import fp32_modules, keeps_fp32, slot_dtype
 
 __all__ = ["cast_slots"]
 
 
 @torch.no_grad()
-def cast_slots(module: nn.Module, dtype: torch.dtype) -> dict[str, torch.dtype]:
+def cast_slots(
+    module: nn.Module, dtype: torch.dtype, *, keeps_fp32_key: Callable[[str], bool] | None = None
+) -> dict[str, torch.dtype]:
     """Give every slot of `module` the dtype precision `dtype` asks (`slot_dtype`), in place;
     on a module built on meta nothing is allocated. A parameter keeps its class, attributes
-    and `requires_grad`; tied slots stay tied. Returns each slot's dtype by name."""
-    kept = fp32_modules(module)
+    and `requires_grad`; tied slots stay tied. Returns each slot's dtype by name.
+
+    `keeps_fp32_key` answers which state keys stay fp32 (a library's own rule, such as
+    transformers', `reference.request.precision.transformers_fp32_keeper`); by default the
+    class's diffusers-style `_keep_in_fp32_modules` decide (PREC-2)."""
+    if keeps_fp32_key is None:
+        modules = fp32_modules(module)
+        keeps_fp32_key = lambda key: keeps_fp32(key, modules)  # noqa: E731
     found = find_slots(module)
     dtypes: dict[str, torch.dtype] = {}
     for name, slot in found.by_name.items():
-        wanted = slot_dtype(name, slot.dtype, dtype, kept)
+        wanted = slot_dtype(name, slot.dtype, dtype, ())
+        if wanted == dtype:
+            # A floating slot (slot_dtype gave it the target): fp32 where the rule keeps it.
+            wanted = torch.float32 if keeps_fp32_key(name) else dtype
         dtypes[name] = wanted
         if wanted == slot.dtype:
             continue

@@ -56,11 +56,14 @@ _INITIALISES_PARAMETERS_ONLY = frozenset(
 
 class _Build:
     """One meta build's state: the tensors sent to meta (by id: the original, then its meta
-    tensor), and the standard layers whose initialisation is skipped."""
+    tensor), the standard layers whose initialisation is skipped, and `mark`, called with the
+    module and the meta tensor of each slot it registers (a library's own flag for "nothing to
+    initialise here")."""
 
-    def __init__(self) -> None:
+    def __init__(self, mark: Callable[[nn.Module, torch.Tensor], None] | None = None) -> None:
         self.memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._quieted: list[nn.Module] = []
+        self.mark = mark
 
     def quiet(self, module: nn.Module) -> None:
         """Skip `module`'s `reset_parameters` until the build ends.
@@ -120,6 +123,13 @@ class MetaBuild:
                 seen = memo[id(tensor)] = cls._swap_to_meta(tensor)
             return seen[1]
 
+    @classmethod
+    def _marked(cls, module: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+        build = cls.active.get()
+        if build is not None and build.mark is not None and tensor.is_meta:
+            build.mark(module, tensor)
+        return tensor
+
     @staticmethod
     def _swap_to_meta(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         release(tensor)  # its real bytes are about to go
@@ -152,7 +162,7 @@ class MetaBuild:
         build = cls.active.get()
         if build is not None and type(module) in _INITIALISES_PARAMETERS_ONLY:
             build.quiet(module)
-        return cls.to_meta(param)
+        return cls._marked(module, cls.to_meta(param))
 
     @classmethod
     def on_buffer(cls, module: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -162,11 +172,13 @@ class MetaBuild:
         caller = sys._getframe(1)
         if caller.f_code is not _REGISTER_BUFFER or not caller.f_locals.get("persistent", True):
             return tensor
-        return cls.to_meta(tensor)
+        return cls._marked(module, cls.to_meta(tensor))
 
     @classmethod
     @contextmanager
-    def building(cls) -> Iterator[None]:
+    def building(
+        cls, mark: Callable[[nn.Module, torch.Tensor], None] | None = None
+    ) -> Iterator[None]:
         with cls.lock:
             if cls.users == 0:
                 cls.hooks = (
@@ -174,7 +186,7 @@ class MetaBuild:
                     register_module_buffer_registration_hook(cls.on_buffer),  # type: ignore[arg-type]
                 )
             cls.users += 1
-        build = _Build()
+        build = _Build(mark)
         token = cls.active.set(build)
         try:
             yield

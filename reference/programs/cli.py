@@ -152,8 +152,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             f"loading options:\n{flags}\n\nA component whose model_index.json entry names the"
             ' diffusers library\n(e.g. ["diffusers", "WanTransformer3DModel"]) is built from'
-            f" diffusers' own class\n({install_hint('diffusers')});"
-            " other classes need --models.\nSchedulers, tokenizers and text encoders are listed"
+            f" diffusers' own class\n({install_hint('diffusers')}); text and image encoders"
+            ' named ["transformers", "<Class>"]\nfrom the class transformers ships;'
+            " other classes need --models.\nSchedulers, tokenizers and processors are listed"
             " as not loaded; the pipeline's own settings in model_index.json are listed too."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

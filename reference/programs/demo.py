@@ -3,10 +3,10 @@
 The pipeline (a ~100 MiB DiT in two shards and a video VAE) goes into a temporary folder that is
 removed afterwards (the demo says so), or into `--keep DIR`, which stays so that the printed
 commands can be run again; with the [diffusers] extra a tiny real diffusers pipeline (Wan,
-written by `WanPipeline.save_pretrained`) is loaded last. Each mode is the `load` command with its
-flags, so the demo shows the real command line. Without CUDA the runtime device is the CPU:
-direct VAE streaming then runs through the library call with a CPU target (the flag itself needs
-CUDA, and the demo shows that refusal).
+written by `WanPipeline.save_pretrained`) is loaded last, its text encoder with it. Each mode is
+the `load` command with its flags, so the demo shows the real command line. Without CUDA the
+runtime device is the CPU: direct VAE streaming then runs through the library call with a CPU
+target (the flag itself needs CUDA, and the demo shows that refusal).
 """
 
 from __future__ import annotations
@@ -148,10 +148,14 @@ def quiet_hub_libraries() -> None:
 
 def diffusers_pipeline(root: Path, *, platform: Platform) -> int:
     """A real diffusers pipeline (written by `WanPipeline.save_pretrained`) loaded with the DiT
-    CPU-offloaded; skipped, saying so, without the [diffusers] extra. Returns the failures."""
+    and the text encoder CPU-offloaded (both adopted from their files); skipped, saying so,
+    without the [diffusers] extra. Returns the failures."""
     import importlib.util
 
-    print("\n## a real diffusers pipeline (WanPipeline.save_pretrained): DiT CPU offload")
+    print(
+        "\n## a real diffusers pipeline (WanPipeline.save_pretrained): DiT and text encoder"
+        " CPU offload"
+    )
     libraries = ("diffusers", "transformers")
     missing = [name for name in libraries if importlib.util.find_spec(name) is None]
     if missing:
@@ -161,6 +165,6 @@ def diffusers_pipeline(root: Path, *, platform: Platform) -> int:
 
     quiet_hub_libraries()
     write_hub_pipeline(root, WAN_PIPELINE, sharded=True)
-    argv = [str(root), "--dit-cpu-offload", "--measure"]
+    argv = [str(root), "--dit-cpu-offload", "--component-cpu-offload.text_encoder", "--measure"]
     print(f"$ python -m reference load {shlex.join(argv)}")
     return int(load_command(argv, platform=platform, errors=sys.stdout) != 0)

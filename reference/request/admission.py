@@ -36,9 +36,18 @@ from reference.request.args import (
     component_flag,
     normalise_component,
 )
-from reference.request.model_index import Pipeline, is_transformer_component
+from reference.request.model_index import (
+    Pipeline,
+    encoder_index,
+    is_text_encoder_component,
+    is_transformer_component,
+)
 from reference.request.platform import Platform
-from reference.request.precision import COMPONENT_PRECISIONS_FLAG
+from reference.request.precision import (
+    COMPONENT_PRECISIONS_FLAG,
+    TEXT_ENCODER_PRECISIONS_FLAG,
+    precision_name,
+)
 from reference.request.quantization import QuantizationSpec
 
 __all__ = [
@@ -326,6 +335,7 @@ def refuse_undeclared_precisions(args: ServerArgs, declared: Sequence[str]) -> N
     Raises:
         ArgumentError: listing every undeclared override and the declared components.
     """
+    refuse_text_encoder_precision_count(args, declared)
     known = {normalise_component(name) for name in declared}
     unknown = sorted(name for name in args.component_precisions if name not in known)
     if unknown:
@@ -334,6 +344,28 @@ def refuse_undeclared_precisions(args: ServerArgs, declared: Sequence[str]) -> N
             f"{flags}: the pipeline declares no such component (model_index.json declares"
             f" {', '.join(sorted(known)) or 'none'}); name a declared component or drop the flag"
         )
+
+
+def refuse_text_encoder_precision_count(args: ServerArgs, declared: Sequence[str]) -> None:
+    """TE-3: `--text-encoder-precisions` gives one value for every text encoder, or one per text
+    encoder the pipeline declares; another count is refused, naming both counts.
+
+    Raises:
+        ArgumentError: naming the flag, the values given and the text encoders declared.
+    """
+    values = args.text_encoder_precisions
+    encoders = sorted(
+        (normalise_component(n) for n in declared if is_text_encoder_component(n)),
+        key=encoder_index,
+    )
+    if len(values) in (0, 1, len(encoders)):
+        return
+    given = " ".join(precision_name(v) for v in values)
+    raise ArgumentError(
+        f"{TEXT_ENCODER_PRECISIONS_FLAG} {given}: {len(values)} values for"
+        f" {len(encoders)} text encoder(s) ({', '.join(encoders) or 'none declared'}); give one"
+        " value for all of them, or one per text encoder in that order"
+    )
 
 
 def check_arguments(

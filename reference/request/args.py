@@ -21,13 +21,20 @@ from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 import torch
 
 from reference.errors import ArgumentError
-from reference.request.model_index import is_transformer_component
+from reference.request.model_index import (
+    encoder_index,
+    is_image_encoder_component,
+    is_text_encoder_component,
+    is_transformer_component,
+)
 from reference.request.platform import Platform, default_runtime_device
 from reference.request.precision import (
     COMPONENT_PRECISIONS_FLAG,
     DEFAULT_DIT_PRECISION,
     DEFAULT_VAE_PRECISION,
     DIT_PRECISION_FLAG,
+    IMAGE_ENCODER_PRECISION_FLAG,
+    TEXT_ENCODER_PRECISIONS_FLAG,
     VAE_PRECISION_FLAG,
     check_precision,
     parse_precision,
@@ -58,7 +65,9 @@ DEVICE_FLAG = "--device"
 
 SERIALIZED_FLAG = "--quantization-serialized"
 PROG = "python -m reference load"
-FlagKind = Literal["device", "bool", "component", "count", "method", "precision", "precisions"]
+FlagKind = Literal[
+    "device", "bool", "component", "count", "method", "precision", "precision_list", "precisions"
+]
 _METAVARS: Mapping[FlagKind, str] = MappingProxyType(
     {
         "device": " DEVICE",
@@ -67,6 +76,7 @@ _METAVARS: Mapping[FlagKind, str] = MappingProxyType(
         "count": " N",
         "method": " METHOD",
         "precision": " fp32|fp16|bf16",
+        "precision_list": " P [P ...]",
         "precisions": ".COMPONENT=fp32|fp16|bf16",
     }
 )
@@ -120,9 +130,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag(DIT_PRECISION_FLAG, "precision", "dtype of every DiT component (default bf16)"),
     Flag(VAE_PRECISION_FLAG, "precision", "dtype of the VAEs and the vocoder (default fp32)"),
     Flag(
+        TEXT_ENCODER_PRECISIONS_FLAG,
+        "precision_list",
+        "dtype of the text encoders: one for all, or one per text encoder (default: stored)",
+    ),
+    Flag(
+        IMAGE_ENCODER_PRECISION_FLAG,
+        "precision",
+        "dtype of the image encoder (default: the dtype its checkpoint stores)",
+    ),
+    Flag(
         COMPONENT_PRECISIONS_FLAG,
         "precisions",
-        "dtype of one component, over the two above (transformer_2, vae, ...)",
+        "dtype of one component, over the flags above (transformer_2, vae, text_encoder, ...)",
         field="component_precisions",
     ),
     Flag(QUANTIZATION_FLAG, "method", "quantize the DiT online, e.g. fp8 (classes built for it)"),
@@ -209,8 +229,13 @@ class ServerArgs:
         component_direct_gpu_weight_loading: per-component direct-GPU loading (ARGS-1).
         dit_precision: the dtype of every DiT component (PREC-1; default bfloat16).
         vae_precision: the dtype of the VAEs and the vocoder (PREC-1; default float32).
-        component_precisions: per-component dtype (normalised name -> dtype), over the two
-            above.
+        text_encoder_precisions: the dtype of the text encoders (TE-3): one value for every
+            text encoder, or one per text encoder in the order `text_encoder`,
+            `text_encoder_2`, ...; empty (the default) keeps the dtype each checkpoint stores.
+        image_encoder_precision: the dtype of the image encoders (TE-3); None keeps the stored
+            dtype.
+        component_precisions: per-component dtype (normalised name -> dtype), over the
+            precisions above.
 
     Raises:
         ArgumentError: for an empty component name, a value that is not a real bool (`"true"`
@@ -229,6 +254,8 @@ class ServerArgs:
     component_direct_gpu_weight_loading: Mapping[str, bool] = field(default_factory=dict)
     dit_precision: torch.dtype = DEFAULT_DIT_PRECISION
     vae_precision: torch.dtype = DEFAULT_VAE_PRECISION
+    text_encoder_precisions: Sequence[torch.dtype] = ()
+    image_encoder_precision: torch.dtype | None = None
     component_precisions: Mapping[str, torch.dtype] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -248,6 +275,18 @@ class ServerArgs:
             )
         check_precision("dit_precision", self.dit_precision)
         check_precision("vae_precision", self.vae_precision)
+        if isinstance(self.text_encoder_precisions, (str, bytes)) or not isinstance(
+            self.text_encoder_precisions, Sequence
+        ):
+            raise ArgumentError(
+                "text_encoder_precisions must be a sequence of dtypes, got"
+                f" {self.text_encoder_precisions!r}"
+            )
+        for i, value in enumerate(self.text_encoder_precisions):
+            check_precision(f"text_encoder_precisions[{i}]", value)
+        object.__setattr__(self, "text_encoder_precisions", tuple(self.text_encoder_precisions))
+        if self.image_encoder_precision is not None:
+            check_precision("image_encoder_precision", self.image_encoder_precision)
         for name in COMPONENT_FLAGS.values():
             object.__setattr__(self, name, _component_map(name, getattr(self, name)))
 
@@ -303,6 +342,25 @@ class ServerArgs:
         if key in self.component_precisions:
             return self.component_precisions[key]
         return self.dit_precision if is_transformer_component(key) else self.vae_precision
+
+    def encoder_precision(self, name: str, *, stored: torch.dtype) -> torch.dtype:
+        """TE-3: the dtype text or image encoder `name` is built in: its own entry of
+        `component_precisions`, else `--image-encoder-precision` for an image encoder, else
+        `--text-encoder-precisions` for a text encoder (its one value, or the value at the
+        encoder's position), else `stored`, the dtype its checkpoint stores (a default load
+        converts nothing). The count of `text_encoder_precisions` is checked at admission,
+        where the pipeline's text encoders are known."""
+        key = normalise_component(name)
+        if key in self.component_precisions:
+            return self.component_precisions[key]
+        if is_image_encoder_component(key) and self.image_encoder_precision is not None:
+            return self.image_encoder_precision
+        values = self.text_encoder_precisions
+        if is_text_encoder_component(key) and values:
+            return (
+                values[0] if len(values) == 1 else values[min(encoder_index(key), len(values) - 1)]
+            )
+        return stored
 
     def is_layerwise_offloaded(self, name: str) -> bool:
         """Whether component `name` streams its layers from CPU (DiT components only)."""
@@ -443,6 +501,9 @@ def _parser() -> Parser:
             parser.add_argument(*names, default=None)
         elif flag.kind == "precision":
             parser.add_argument(*names, type=_precision_type(flag.name), default=None)
+        elif flag.kind == "precision_list":
+            convert = _precision_type(flag.name)
+            parser.add_argument(*names, type=convert, nargs="+", default=None)
     return parser
 
 
@@ -562,6 +623,8 @@ def parse_args(argv: Sequence[str]) -> tuple[ServerArgs, list[str]]:
         component_direct_gpu_weight_loading=components["component_direct_gpu_weight_loading"],
         dit_precision=namespace.dit_precision or DEFAULT_DIT_PRECISION,
         vae_precision=namespace.vae_precision or DEFAULT_VAE_PRECISION,
+        text_encoder_precisions=tuple(namespace.text_encoder_precisions or ()),
+        image_encoder_precision=namespace.image_encoder_precision,
         component_precisions=components["component_precisions"],
     )
     return args, remaining

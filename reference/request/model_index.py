@@ -40,7 +40,11 @@ __all__ = [
     "ComponentSpec",
     "ModelRegistry",
     "Pipeline",
+    "encoder_index",
     "is_component_entry",
+    "is_encoder_component",
+    "is_image_encoder_component",
+    "is_text_encoder_component",
     "is_transformer_component",
     "read_pipeline",
 ]
@@ -57,6 +61,34 @@ _TRANSFORMER = re.compile(r"transformer(_[0-9]+)?")
 def is_transformer_component(name: str) -> bool:
     """Whether `name` is a DiT component: `transformer`, `transformer_2`, `transformer_3`, ..."""
     return _TRANSFORMER.fullmatch(name) is not None
+
+
+_TEXT_ENCODER = re.compile(r"text_encoder(?:_([0-9]+))?")
+_IMAGE_ENCODER = re.compile(r"image_encoder(?:_([0-9]+))?")
+
+
+def is_text_encoder_component(name: str) -> bool:
+    """Whether `name` is a text encoder: `text_encoder`, `text_encoder_2`, ..."""
+    return _TEXT_ENCODER.fullmatch(name) is not None
+
+
+def is_image_encoder_component(name: str) -> bool:
+    """Whether `name` is an image encoder: `image_encoder`, `image_encoder_2`, ..."""
+    return _IMAGE_ENCODER.fullmatch(name) is not None
+
+
+def is_encoder_component(name: str) -> bool:
+    """Whether `name` is a text or image encoder (TE): a component of the transformers library."""
+    return is_text_encoder_component(name) or is_image_encoder_component(name)
+
+
+def encoder_index(name: str) -> int:
+    """The position of a text or image encoder in its row: 0 for `text_encoder`, 1 for
+    `text_encoder_2`, ... (`--text-encoder-precisions` gives one value per position)."""
+    found = _TEXT_ENCODER.fullmatch(name) or _IMAGE_ENCODER.fullmatch(name)
+    if found is None or found.group(1) is None:
+        return 0
+    return max(int(found.group(1)) - 1, 0)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -26,7 +27,9 @@ __all__ = [
     "DEFAULT_DIT_PRECISION",
     "DEFAULT_VAE_PRECISION",
     "DIT_PRECISION_FLAG",
+    "IMAGE_ENCODER_PRECISION_FLAG",
     "PRECISIONS",
+    "TEXT_ENCODER_PRECISIONS_FLAG",
     "VAE_PRECISION_FLAG",
     "check_precision",
     "fp32_modules",
@@ -34,11 +37,15 @@ __all__ = [
     "parse_precision",
     "precision_name",
     "slot_dtype",
+    "stored_dtype",
+    "transformers_fp32_keeper",
 ]
 
 DIT_PRECISION_FLAG = "--dit-precision"
 VAE_PRECISION_FLAG = "--vae-precision"
 COMPONENT_PRECISIONS_FLAG = "--component-precisions"
+TEXT_ENCODER_PRECISIONS_FLAG = "--text-encoder-precisions"
+IMAGE_ENCODER_PRECISION_FLAG = "--image-encoder-precision"
 
 PRECISIONS: Mapping[str, torch.dtype] = MappingProxyType(
     {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -107,3 +114,31 @@ def slot_dtype(
     if not built.is_floating_point or built.itemsize < 2:
         return built
     return torch.float32 if keeps_fp32(key, kept) else target
+
+
+def stored_dtype(tensors: Iterable[tuple[torch.dtype, int]]) -> torch.dtype | None:
+    """TE-3: the floating dtype a checkpoint stores, from its headers' (dtype, bytes) pairs: the
+    floating dtype of two bytes or more that holds most of its bytes (integer and float8 tensors
+    do not count); None when it holds none."""
+    totals: dict[torch.dtype, int] = {}
+    for dtype, nbytes in tensors:
+        if dtype.is_floating_point and dtype.itemsize >= 2:
+            totals[dtype] = totals.get(dtype, 0) + nbytes
+    return max(totals, key=lambda d: totals[d]) if totals else None
+
+
+def transformers_fp32_keeper(module: nn.Module, dtype: torch.dtype) -> Callable[[str], bool]:
+    """TE-3, PREC-2 for a transformers model: which state keys stay fp32 under precision
+    `dtype`, as `from_pretrained(torch_dtype=dtype)` keeps them: the class's
+    `_keep_in_fp32_modules` under fp16 only, its `_keep_in_fp32_modules_strict` under fp16 and
+    bf16, each entry a pattern searched anywhere in the key (`*` any run of characters), as
+    transformers matches them."""
+    patterns: list[str] = []
+    if dtype == torch.float16:
+        patterns.extend(getattr(module, "_keep_in_fp32_modules", None) or ())
+    if dtype in (torch.float16, torch.bfloat16):
+        patterns.extend(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+    if not patterns:
+        return lambda key: False
+    search = re.compile("|".join(p.replace("*", ".*") for p in sorted(patterns))).search
+    return lambda key: search(key) is not None

@@ -57,6 +57,10 @@ OFFLOAD = WeightLoadPlan(checkpoint_load_device=CPU)
 ISSUE_RATIOS = {
     "diffusers_zero_copy_anon_over_checkpoint",
     "diffusers_offload_time_over_from_pretrained",
+    "te_zero_copy_anon_over_checkpoint",
+    "te_offload_time_over_from_pretrained",
+    "cold_te_offload_time_over_cold_from_pretrained",
+    "te_adopted_over_checkpoint",
     "guarded_meta_build_over_unguarded",
     "zero_copy_anon_over_checkpoint",
     "zero_copy_time_over_copy_time",
@@ -428,6 +432,20 @@ def test_diffusers_paths_load_the_same_dit_and_zero_copy_adopts_it(
     assert pretrained["adopted"] + pretrained["copied"] >= facts["ddit"]["bytes"]
 
 
+def test_text_encoder_paths_load_the_same_encoder_and_zero_copy_adopts_it(
+    folder: tuple[Path, dict[str, Any]],
+) -> None:
+    reason = bench_paths.library_missing("transformers")
+    if reason is not None:
+        pytest.skip(reason)
+    where, facts = folder
+    zero = bench_paths.run(bench_paths.Job("te_zero_copy", where, "time"))
+    pretrained = bench_paths.run(bench_paths.Job("te_pretrained", where, "time"))
+    assert zero["adopted"] >= 0.99 * facts["te"]["bytes"]
+    # from_pretrained reports no fates: bytes still mapped from the file count as adopted.
+    assert pretrained["adopted"] + pretrained["copied"] >= facts["te"]["bytes"]
+
+
 def test_diffusers_paths_are_skipped_with_the_extra_named_without_diffusers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -510,6 +528,7 @@ def _size(**paths: dict[str, Any]) -> dict[str, Any]:
         "dit": facts,
         "vae": facts,
         "ddit": facts,
+        "te": facts,
         "vae_tensors_in_flight": 1,
         "paths": base | {name: {"bytes": 1000} | row for name, row in paths.items()},
     }
@@ -530,8 +549,13 @@ def test_ratios_read_their_figures_and_judge_their_targets() -> None:
         ddit_pretrained={"warm": {"load_s": 0.2, "anon_peak": 900}},
         wan14b_guarded={"warm": {"load_s": 0.36}},
         wan14b_unguarded={"warm": {"load_s": 0.3}},
+        te_zero_copy={"warm": {"load_s": 0.05, "anon_peak": 1, "adopted": 1000}},
+        te_pretrained={"warm": {"load_s": 0.2, "anon_peak": 1100}},
     )
     ratios = compute_ratios(size)
+    assert ratios["te_offload_time_over_from_pretrained"]["status"] == "pass"
+    assert ratios["te_adopted_over_checkpoint"]["value"] == 1.0
+    assert ratios["cold_te_offload_time_over_cold_from_pretrained"]["status"] == "skipped"
     assert set(ratios) == {r.name for r in RATIOS}
     guard = ratios["guarded_meta_build_over_unguarded"]
     assert (guard["value"], guard["target"], guard["status"]) == (pytest.approx(1.2), 1.1, "miss")

@@ -759,3 +759,41 @@ def test_a_loader_without_a_runtime_device_setting_skips_only_the_cpu_runtime_ca
         skip_cpu_runtime_without_the_setting(NoSetting(), torch.device("cpu", 0))
     skip_cpu_runtime_without_the_setting(NoSetting(), torch.device("cuda"))
     skip_cpu_runtime_without_the_setting(object(), torch.device("cpu"))  # absent means it has one
+
+
+LOGS_A_PATH = """
+import logging
+import pytest
+from reference.kit.seam import PLANS
+
+@pytest.mark.rule("PLAN-1")
+@pytest.mark.capability(PLANS)
+def test_logs_a_path_that_is_not_utf8(loader):
+    path = b"/tmp/ckpt-\\xff".decode("utf-8", "surrogateescape")
+    logging.getLogger("a-loader").warning("reading %s", path)
+    assert False, "fails, so its captured log is reported"
+"""
+
+
+@pytest.mark.long
+def test_a_logged_path_that_is_not_utf8_reaches_the_report_from_a_worker(
+    kit: pytest.Pytester,
+) -> None:
+    """A loader may log a path that is not UTF-8 (a lone surrogate): its captured log must
+    not stop a pytest-xdist worker from sending the report back."""
+    pytest.importorskip("xdist")
+    kit.makepyfile(test_logs=LOGS_A_PATH)
+    path = kit.path / "report.json"
+    result = run(
+        kit,
+        "-p",
+        "xdist",
+        "-n",
+        "1",
+        "--loader=tinyloaders:Good",
+        f"--conformance-report={path}",
+        "test_logs.py",
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(failed=1)
+    assert json.loads(path.read_text())["rules"]["PLAN-1"]["status"] == "failed"

@@ -144,3 +144,45 @@ def test_the_adapter_hands_sglang_the_precisions_in_its_own_spelling() -> None:
         "component_precisions": {"transformer_2": "fp16"},
     }
     assert _precision_fields(None) == {}, "no precisions must leave sglang's defaults"
+
+
+@pytest.mark.selftest
+def test_the_precisions_reach_sglangs_server_args_and_pipeline_config() -> None:
+    """`--dit-precision` and `--vae-precision` are fields of sglang's PipelineConfig, and
+    `--component-precisions.<c>` one of its ServerArgs: both the seam's `make_server_args` and
+    the command line put each where sglang's loaders read it (`resolve_precision`)."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang 0.5.23 is not installed here: tox -e matrix-sglang builds its env")
+    import torch
+
+    from reference.kit.adapters.sglang import SglangLoader
+    from reference.kit.seam import Precisions, ServingOptions
+
+    loader = SglangLoader()
+    precisions = Precisions(
+        dit=torch.float16, vae=torch.bfloat16, components={"transformer_2": torch.float32}
+    )
+    made: Any = loader.make_server_args(
+        ServingOptions(runtime_device=torch.device("cpu"), precisions=precisions)
+    )
+    parsed: Any
+    parsed, rest = loader.parse_server_args(
+        [
+            "--zz-unrelated-option",
+            "--dit-precision",
+            "fp16",
+            "--vae-precision=bf16",
+            "--component_precisions.transformer_2",
+            "fp32",
+        ]
+    )
+    assert rest == ["--zz-unrelated-option"]
+    for args in (made, parsed):
+        assert args.pipeline_config.dit_precision == "fp16"
+        assert args.pipeline_config.vae_precision == "bf16"
+        assert args.component_precisions == {"transformer_2": "fp32"}
+    defaults: Any = loader.parse_server_args([])[0]
+    assert (defaults.pipeline_config.dit_precision, defaults.pipeline_config.vae_precision) == (
+        "bf16",
+        "fp32",
+    )

@@ -26,16 +26,18 @@ from reference.kit.seam import (
     PIPELINES,
     PLANS,
     TENSOR_PARALLEL,
+    TEXT_ENCODERS,
     VAE_STREAM,
     ZERO_COPY,
     ComponentRequest,
     DitRequest,
+    EncoderRequest,
     PlanLike,
     ServingOptions,
     StateRequest,
     VaeRequest,
 )
-from reference.load import dit, loaders
+from reference.load import dit, encoder, loaders
 from reference.load import pipeline as load
 from reference.load import vae as vae_mod
 from reference.load.dit import DiTOptions
@@ -167,6 +169,10 @@ class ReferenceAdapter(ReferencePlans):
         differently returns its own, as the kit's broken loaders do."""
         return dit.REFERENCE_DIT_STEPS
 
+    def encoder_options(self) -> encoder.EncoderOptions:
+        """How this adapter's encoder loads run (the reference's steps)."""
+        return encoder.ENCODER_DEFAULTS
+
     def vae_steps(self) -> vae_mod.VAESteps:
         """The steps of this adapter's VAE loads and slot checks (the reference's)."""
         return vae_mod.REFERENCE_VAE_STEPS
@@ -263,6 +269,15 @@ class ReferenceAdapter(ReferencePlans):
         module: torch.nn.Module = loader.load(spec, args).module
         return module
 
+    def load_text_encoder(self, request: EncoderRequest) -> torch.nn.Module:
+        pipeline = pipeline_mod.read_pipeline(request.pipeline_dir)
+        args = own_server_args(request.args).on_platform(request.platform)
+        admission.refuse_undeclared_precisions(args, pipeline.names)  # PREC-3, TE-3's count
+        spec = pipeline.component(request.component)
+        loader = loaders.EncoderLoader(platform=request.platform, options=self.encoder_options())
+        module: torch.nn.Module = loader.load(spec, args).module
+        return module
+
     def check_device_memory(
         self, checkpoint: Path, *, component: str, device: torch.device, platform: Platform
     ) -> int:
@@ -298,7 +313,7 @@ ReferenceAdapter.capabilities = frozenset(
         PLANS,
         *(ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL),
         VAE_STREAM,
-        *(CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES),
+        *(CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES, TEXT_ENCODERS),
         CHECKPOINT_SAFETY,
     }
 )

@@ -8,7 +8,11 @@ of the conformance matrix.
     load device    component_loaders.transformer_loader._resolve_checkpoint_load_device
     post-process   loader.transformer_load_utils._needs_device_weight_postprocess on the config
                    sglang's registry builds for the method (`get_quantization_config`)
-    full state     loader.fsdp_load.load_model_from_full_model_state_dict
+    full state     loader.fsdp_load.load_model_from_full_model_state_dict, then
+                   loader.utils.finalize_loaded_model, as every sglang caller runs them
+    precision      `--dit-precision` as `param_dtype` (transformer_load_utils.
+                   _resolve_target_param_dtype), a VAE's as `--component-precisions.<c>`; on
+                   a command line, the flags as `ServerArgs.from_cli_args` hands them over
     DiT            loader.fsdp_load.maybe_load_fsdp_model (meta build, read, full-state load,
                    post-processing, finalisation, deferred CPU placement)
     FP8 offload    transformer_load_utils._ModelOptFp8OffloadAdapter's rule
@@ -175,10 +179,12 @@ class Sglang:
         self.load_full_state: Any = fsdp.load_model_from_full_model_state_dict
         self.maybe_load_fsdp_model: Any = fsdp.maybe_load_fsdp_model
         self.get_param_names_mapping: Any = utils.get_param_names_mapping
+        self.finalize_loaded_model: Any = utils.finalize_loaded_model
         self.list_safetensors_files: Any = utils._list_safetensors_files
         self.checkpoint_weights_iterator: Any = weights.checkpoint_weights_iterator
         self.safetensors_weights_iterator: Any = weights.safetensors_weights_iterator
         self.needs_device_weight_postprocess: Any = tload._needs_device_weight_postprocess
+        self.resolve_target_param_dtype: Any = tload._resolve_target_param_dtype
         self.disable_incompatible_offload: Any = (
             tload._ModelOptFp8OffloadAdapter._maybe_disable_incompatible_dit_offload_modes
         )
@@ -372,6 +378,9 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 _UPSTREAM_PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# sglang's precision flags that are fields of its PipelineConfig (configs/pipeline_configs/base.py:
+# 880-895, `--dit-precision` and `--vae-precision`); `component_precisions` is ServerArgs' own.
+_PIPELINE_PRECISIONS = ("dit_precision", "vae_precision")
 
 
 def _precision_fields(precisions: Precisions | None) -> dict[str, Any]:
@@ -379,12 +388,20 @@ def _precision_fields(precisions: Precisions | None) -> dict[str, Any]:
     if precisions is None:
         return {}
     return {
-        "dit_precision": _UPSTREAM_PRECISION[precisions.dit],
-        "vae_precision": _UPSTREAM_PRECISION[precisions.vae],
+        "dit_precision": _upstream_precision(precisions.dit),
+        "vae_precision": _upstream_precision(precisions.vae),
         "component_precisions": {
-            name: _UPSTREAM_PRECISION[dtype] for name, dtype in precisions.components.items()
+            name: _upstream_precision(dtype) for name, dtype in precisions.components.items()
         },
     }
+
+
+def _upstream_precision(dtype: torch.dtype) -> str:
+    """sglang's name for `dtype` (PRECISION_TO_TYPE's keys)."""
+    name = _UPSTREAM_PRECISION.get(dtype)
+    if name is None:
+        raise Unsupported(f"sglang's precisions are fp32, fp16 and bf16, not {dtype}")
+    return name
 
 
 def _index_in(folder: Path) -> Path | None:
@@ -565,7 +582,14 @@ class SglangLoader:
 
     def load_full_state(self, request: StateRequest) -> LoadReport:
         """`load_model_from_full_model_state_dict(strict=True)` on the plan's load device, with
-        adoption of device tensors in direct mode, as `maybe_load_fsdp_model` calls it."""
+        adoption of device tensors in direct mode, then `finalize_loaded_model`, as
+        `maybe_load_fsdp_model` runs them (fsdp_load.py:471-483, 501).
+
+        Every sglang caller of the full-state load finalises what it loaded: the DiT path in
+        `maybe_load_fsdp_model` (fsdp_load.py:501), every component again in
+        `ComponentLoader.load` (component_loader.py:506), and Hunyuan3D's own loader inline
+        (pipelines/hunyuan3d_pipeline.py:277-283). Finalisation refuses a slot left on meta,
+        turns `requires_grad` off and sets eval mode."""
         real = self._plan(request.plan)
         handed = list(request.tensors)
         module = request.module
@@ -574,11 +598,14 @@ class SglangLoader:
                 module,
                 iter(handed),
                 real.checkpoint_load_device,
+                # `maybe_load_fsdp_model` passes its param_dtype; the full-state load takes each
+                # slot's dtype from the module (fsdp_load.py:686) and reads no other.
                 None,
                 strict=True,
                 param_names_mapping=self.lib.get_param_names_mapping({}),
                 allow_device_tensor_assignment=real.load_full_state_dict_on_device,
             )
+        self.lib.finalize_loaded_model(module)
         return _report(request.component, real, self._records(module, handed))
 
     def load_dit(self, request: DitRequest) -> tuple[nn.Module, LoadReport]:
@@ -590,12 +617,23 @@ class SglangLoader:
         this function (transformer_loader.py:507-513); that refusal runs in `admit` here only
         through the arguments gate, as sglang keeps it inside `load_customized`.
         """
-        if request.dtype is not None:
-            raise Unsupported(
-                "sglang's full-state loader takes the DiT's precision from its server args"
-                " (--dit-precision), which this call does not build; the pipeline path maps it"
-            )
         lib = self.lib
+        quant_config = self._quant_config(request.quantization)
+        if request.dtype is None:
+            # bridge: no precision asked for keeps the dtypes the suite's build declares, so
+            # sglang builds under torch's default dtype.
+            param_dtype: torch.dtype | None = torch.get_default_dtype()
+        else:
+            # sglang's transformer loader: `--dit-precision` on its server args, resolved by
+            # `_resolve_target_param_dtype` (transformer_load_utils.py:1118-1126; None when the
+            # DiT is quantized), becomes `maybe_load_fsdp_model`'s param_dtype
+            # (transformer_loader.py:557, component_loader.py:770), under which the model is
+            # built (fsdp_load.py:303, 326).
+            precision = _upstream_precision(request.dtype)
+            args = self._server_args(dit_precision=precision)
+            param_dtype = lib.resolve_target_param_dtype(
+                quant_config=quant_config, nunchaku_config=None, server_args=args
+            )
         real = self._plan(request.plan)
         files = self._weight_files(request.checkpoint)
         if request.fsdp or not real.load_full_state_dict_on_device:
@@ -608,14 +646,12 @@ class SglangLoader:
         with _standard_linears(lib, request.kinds):
             module: nn.Module = lib.maybe_load_fsdp_model(
                 model_cls=_native_model(request.build),
-                init_params={"quant_config": self._quant_config(request.quantization)},
+                init_params={"quant_config": quant_config},
                 weight_dir_list=files,
                 device=runtime,
                 hsdp_replicate_dim=1,
                 hsdp_shard_dim=1,
-                # bridge: sglang builds under its precision's default dtype; the suite's build
-                # declares its own dtypes, so the default stays torch's.
-                param_dtype=torch.get_default_dtype(),
+                param_dtype=param_dtype,
                 reduce_dtype=torch.float32,
                 component_starts_on_cpu=starts_on_cpu,
                 fsdp_inference=request.fsdp,
@@ -710,9 +746,15 @@ class SglangLoader:
                 never from the caller).
             ComponentCheckpointUnsupportedError: sglang refused (its error, converted).
         """
-        if request.dtype is not None:
-            raise Unsupported("sglang's VAE loader takes its precision from its server args")
         lib = self.lib
+        # The precision as `--component-precisions.<component>`, which sglang's VAE loader
+        # resolves first (vae_loader.py:600-605, utils/precision.py:79-91) and builds and
+        # streams in (vae_loader.py:667-672, 474-475); none: its `--vae-precision` default.
+        precision = (
+            {}
+            if request.dtype is None
+            else {"component_precisions": {request.component: _upstream_precision(request.dtype)}}
+        )
         local = torch.device(lib.server_args_module.current_platform.device_type)
         if request.device.type != local.type:
             raise Unsupported(f"sglang places a VAE on its platform device {local}")
@@ -722,7 +764,7 @@ class SglangLoader:
             raise Unsupported(
                 "sglang picks the decode dtype and channels_last_3d from its pipeline config"
             )
-        args = self._server_args()
+        args = self._server_args(**precision)
         # bridge: sglang refuses the direct flag at construction on a non-CUDA platform
         # (server_args.py:4086); the VAE loader itself runs on any device, so the flag is set
         # after construction.
@@ -736,8 +778,7 @@ class SglangLoader:
                 raise _unsupported(error) from error
         # sglang's `ComponentLoader.load` finalises every component after `load_customized`
         # (component_loader.py:506): eval mode, frozen parameters, nothing left on meta.
-        lib_utils = importlib.import_module("sglang.multimodal_gen.runtime.loader.utils")
-        lib_utils.finalize_loaded_model(module)
+        lib.finalize_loaded_model(module)
         plan = SglangPlan(lib.WeightLoadPlan(checkpoint_load_device=request.device))
         records = [
             TensorRecord(name, "streamed", tensor.nbytes)
@@ -792,7 +833,19 @@ class SglangLoader:
 
     # --- arguments and admission -----------------------------------------------------------------
     def _server_args(self, **fields: Any) -> Any:
-        return self.lib.ServerArgs(model_path=MODEL_PATH, **fields)
+        """`ServerArgs(...)` with `fields`; `dit_precision` and `vae_precision` are fields of its
+        `PipelineConfig`, not of ServerArgs, and go there.
+
+        bridge: sglang's `from_kwargs`/`from_dict` resolve a PipelineConfig from the model path
+        (a pipeline folder or the hub) and then apply the precision kwargs to it with
+        `PipelineConfig.update_config_from_dict` (configs/pipeline_configs/base.py:1195); this
+        adapter loads components without a pipeline, so the same function applies them to the
+        default PipelineConfig `ServerArgs(...)` holds."""
+        pipeline = {name: fields.pop(name) for name in _PIPELINE_PRECISIONS if name in fields}
+        args = self.lib.ServerArgs(model_path=MODEL_PATH, **fields)
+        if pipeline:
+            args.pipeline_config.update_config_from_dict(pipeline)
+        return args
 
     def make_server_args(self, options: ServingOptions) -> ServerArgsLike:
         """`ServerArgs(...)`: sglang's construction normalises and validates (ARGS-4, DG-2).
@@ -846,8 +899,11 @@ class SglangLoader:
         parser = lib.FlexibleArgumentParser()
         lib.ServerArgs.add_cli_args(parser)
         raw, unknown = parser.parse_known_args(list(argv))
+        # The per-component maps in the order `from_cli_args` extracts them
+        # (server_args.py:3693-3696): precisions, then direct-GPU flags.
+        precisions, remaining = lib.ServerArgs._extract_component_precisions(list(unknown))
         components, remaining = lib.ServerArgs._extract_component_direct_gpu_weight_loading(
-            list(unknown)
+            remaining
         )
         fields = {
             name: getattr(raw, name)
@@ -858,6 +914,9 @@ class SglangLoader:
                 "tp_size",
                 "quantization",
                 "direct_gpu_weight_loading",
+                # `--dit-precision` and `--vae-precision` (PipelineConfig.add_cli_args, with
+                # their defaults bf16 and fp32)
+                *_PIPELINE_PRECISIONS,
             )
             if getattr(raw, name, None) is not None
         }
@@ -865,7 +924,11 @@ class SglangLoader:
         # admission, with the platform it passes (`admit` runs the same sglang validation).
         # A command line names no platform, so construction here answers CUDA.
         with _platform(lib, cuda=True):
-            args = self._server_args(**fields, component_direct_gpu_weight_loading=components)
+            args = self._server_args(
+                **fields,
+                component_precisions=precisions,
+                component_direct_gpu_weight_loading=components,
+            )
         return cast(ServerArgsLike, args), list(remaining)
 
     def admit(self, pipeline_dir: Path, args: ServerArgsLike, *, platform: Platform) -> None:

@@ -55,6 +55,7 @@ from reference.programs.bench.cache import CACHES
 from reference.programs.bench.paths import (
     DIFFUSERS_FOLDER,
     PATHS,
+    TEXT_ENCODER_FOLDER,
     PathSpec,
     library_missing,
 )
@@ -110,11 +111,13 @@ def checkpoint_facts(path: Path) -> dict[str, int]:
 
 def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
     """Write the DiT and VAE checkpoints of one size and describe them; with diffusers
-    installed, also a diffusers Wan DiT of about the same size (`ddit`)."""
+    installed, also a diffusers Wan DiT of about the same size (`ddit`); with transformers, a
+    UMT5 text encoder of about the same size (`te`)."""
     from fakes.bench import (
         BenchShapes,
         write_bench_checkpoints,
         write_diffusers_bench,
+        write_text_encoder_bench,
     )
 
     shapes = BenchShapes.for_bytes(size_mib * MIB)
@@ -124,6 +127,9 @@ def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
     if library_missing("diffusers") is None:
         ddit = write_diffusers_bench(folder / DIFFUSERS_FOLDER, size_mib * MIB)
         facts["ddit"] = checkpoint_facts(ddit)
+    if library_missing("transformers") is None:
+        te = write_text_encoder_bench(folder / TEXT_ENCODER_FOLDER, size_mib * MIB)
+        facts["te"] = checkpoint_facts(te)
     return facts
 
 

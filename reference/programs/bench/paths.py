@@ -54,6 +54,7 @@ __all__ = [
     "DIFFUSERS_FOLDER",
     "MODES",
     "PATHS",
+    "TEXT_ENCODER_FOLDER",
     "Job",
     "Loaded",
     "PathSpec",
@@ -77,6 +78,9 @@ __all__ = [
     "start_cache",
     "state_dict_load",
     "synchronize",
+    "te_from_pretrained",
+    "te_zero_copy",
+    "text_encoder",
     "vae_stream",
 ]
 
@@ -84,6 +88,8 @@ CUDA = torch.device("cuda", 0)
 MODES = ("time", "memory")
 DIFFUSERS_FOLDER = "ddit"
 """The benchmark folder's diffusers pipeline (written when diffusers is installed)."""
+TEXT_ENCODER_FOLDER = "te"
+"""The benchmark folder's UMT5 text encoder pipeline (written when transformers is installed)."""
 
 
 def library_missing(library: str | None) -> str | None:
@@ -157,9 +163,9 @@ class Job:
         return self.folder / model / "model.safetensors"
 
     def files(self, model: str) -> tuple[Path, ...]:
-        """The checkpoint files `model` ("dit", "vae", "ddit") is read from."""
-        if model == DIFFUSERS_FOLDER:
-            return tuple(sorted((self.folder / DIFFUSERS_FOLDER).glob("*/*.safetensors")))
+        """The checkpoint files `model` ("dit", "vae", "ddit", "te") is read from."""
+        if model in (DIFFUSERS_FOLDER, TEXT_ENCODER_FOLDER):
+            return tuple(sorted((self.folder / model).glob("*/*.safetensors")))
         return (self.checkpoint(model),)
 
 
@@ -272,6 +278,33 @@ def ddit_from_pretrained(job: Job) -> Loaded:
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
 
 
+def text_encoder(job: Job) -> Any:
+    """The `text_encoder` component of the benchmark's text encoder pipeline (`te/`)."""
+    from reference.request.model_index import read_pipeline
+
+    return read_pipeline(job.folder / TEXT_ENCODER_FOLDER).component("text_encoder")
+
+
+def te_zero_copy(job: Job) -> Loaded:
+    """The reference's encoder loader on a bf16 UMT5 encoder under CPU offload, in its stored
+    dtype (TE-1, TE-3: the default)."""
+    from reference.load.loaders import EncoderLoader
+    from reference.request.args import ServerArgs
+
+    args = ServerArgs(runtime_device=CPU, component_cpu_offload={"text_encoder": True})
+    loaded = EncoderLoader().load(text_encoder(job), args)
+    return from_report(loaded.module, loaded.report)
+
+
+def te_from_pretrained(job: Job) -> Loaded:
+    """transformers' own `from_pretrained` of the same folder, in the same precision (bf16)."""
+    transformers = importlib.import_module("transformers")  # the [diffusers] extra; untyped
+    spec = text_encoder(job)
+    cls = getattr(transformers, spec.class_name)
+    module: nn.Module = cls.from_pretrained(str(spec.folder), torch_dtype=torch.bfloat16)
+    return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
+
+
 def built(build: Callable[[], nn.Module]) -> Loaded:
     """A construction alone (`reference.programs.bench.construction`): its module is on meta,
     so no byte is counted and none is read after the clock stops."""
@@ -341,7 +374,7 @@ class PathSpec:
     """A measured path: its load, whether it needs CUDA, and its untimed setup."""
 
     load: Callable[[Job, Any], Loaded]
-    model: str = "dit"  # whose checkpoint it reads: "dit", "vae" or "ddit" (diffusers DiT)
+    model: str = "dit"  # whose checkpoint: "dit", "vae", "ddit" (diffusers DiT), "te" (UMT5)
     cuda: bool = False
     library: str | None = None  # an optional library the path needs ("diffusers")
     setup: Callable[[Job], Any] = lambda job: None
@@ -469,6 +502,18 @@ PATHS: dict[str, PathSpec] = {
         model="ddit",
         library="diffusers",
         about="diffusers' from_pretrained of the same Wan DiT",
+    ),
+    "te_zero_copy": PathSpec(
+        lambda job, _: te_zero_copy(job),
+        model=TEXT_ENCODER_FOLDER,
+        library="transformers",
+        about="reference encoder loader, bf16 UMT5 text encoder, CPU offload (zero-copy)",
+    ),
+    "te_pretrained": PathSpec(
+        lambda job, _: te_from_pretrained(job),
+        model=TEXT_ENCODER_FOLDER,
+        library="transformers",
+        about="transformers' from_pretrained of the same UMT5 encoder (torch_dtype=bf16)",
     ),
     **limit_paths(),
     "pinned_h2d": PathSpec(

@@ -163,6 +163,45 @@ RATIOS = (
         (("ddit_zero_copy", "warm"), ("ddit_pretrained", "warm")),
     ),
     Ratio(
+        "te_zero_copy_anon_over_checkpoint",
+        "<=",
+        lambda s: 0.02,
+        lambda s: _fig(s, "te_zero_copy", "warm", "anon_peak") / s["te"]["bytes"],
+        (("te_zero_copy", "warm"),),
+    ),
+    Ratio(
+        "te_offload_time_over_from_pretrained",
+        "<=",
+        lambda s: 0.5,
+        lambda s: (
+            _fig(s, "te_zero_copy", "warm", "load_s") / _fig(s, "te_pretrained", "warm", "load_s")
+        ),
+        (("te_zero_copy", "warm"), ("te_pretrained", "warm")),
+    ),
+    Ratio(
+        "cold_te_offload_time_over_cold_from_pretrained",
+        "<=",
+        lambda s: 1.0,
+        lambda s: (
+            _fig(s, "te_zero_copy", "cold", "load_s") / _fig(s, "te_pretrained", "cold", "load_s")
+        ),
+        (("te_zero_copy", "cold"), ("te_pretrained", "cold")),
+    ),
+    Ratio(
+        "te_adopted_over_checkpoint",
+        ">=",
+        lambda s: 0.99,
+        lambda s: _fig(s, "te_zero_copy", "warm", "adopted") / s["te"]["bytes"],
+        (("te_zero_copy", "warm"),),
+    ),
+    Ratio(
+        "te_from_pretrained_anon_over_checkpoint",
+        "",
+        None,
+        lambda s: _fig(s, "te_pretrained", "warm", "anon_peak") / s["te"]["bytes"],
+        (("te_pretrained", "warm"),),
+    ),
+    Ratio(
         "guarded_meta_build_over_unguarded",
         "<=",
         lambda s: 1.1,

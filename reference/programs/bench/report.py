@@ -97,6 +97,8 @@ def format_size(size: Mapping[str, Any], reps: int) -> str:
     models = [_model(size["dit"], "DiT"), _model(size["vae"], "VAE")]
     if "ddit" in size:
         models.append(_model(size["ddit"], "diffusers Wan DiT"))
+    if "te" in size:
+        models.append(_model(size["te"], "UMT5 text encoder"))
     header = [
         f"{'path':<{NAME_WIDTH}}",
         "cache",

@@ -1,0 +1,188 @@
+"""Loading one text or image encoder: checkpoint -> meta build -> ties -> precision -> names ->
+adopt or copy -> report (TE-1, TE-2).
+
+The DiT's and VAE's steps, in the same order: the build runs under the construction guard with
+parameters and persistent buffers on `meta` (`reference.load.dit.build_dit`: no initialisation
+of their values, no host allocation for them); the ties the class declares are re-established
+(`reference.place.ties.tie_slots`); the slots get the component's precision, keeping fp32 what
+the library's own rule keeps (`keeps_fp32`); the headers are checked against the slots (CKPT-3,
+tied names counted as one slot, `reference.place.ties.tied_names`); then every tensor takes
+its slot through the DiT's full-state path (`reference.load.dit.place_tensors`): adopted from
+the file's private map when it is on the CPU in its slot's dtype (ZC-2b, ZC-2c, PREC-4),
+converted once otherwise, read straight onto the device when the component is resident.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reference.load.dit import (
+    REFERENCE_DIT_STEPS,
+    DiTOptions,
+    DiTSteps,
+    host_room,
+    place_tensors,
+)
+from reference.place.build import build_on_meta
+from reference.place.cast import cast_slots
+from reference.place.diffusers_models import PLAIN_TORCH_KINDS
+from reference.place.host_memory import construction_guard
+from reference.place.modules import refuse_unrebuildable_buffers
+from reference.place.ties import check_twins, tie_slots, tied_names
+from reference.read.checkpoint import Checkpoint, open_checkpoint, skipped_notes
+from reference.report.steps import StepClock
+from reference.report.summary import LoadReport
+from reference.request.plan import WeightLoadPlan
+
+__all__ = [
+    "ENCODER_DEFAULTS",
+    "REFERENCE_ENCODER_STEPS",
+    "EncoderModel",
+    "EncoderOptions",
+    "EncoderSteps",
+    "build_encoder",
+    "load_encoder",
+]
+
+
+@dataclass(frozen=True)
+class EncoderModel:
+    """What the library of an encoder says about it, as functions of the built module.
+
+    Attributes:
+        build: constructs the class from its config (called once, under the meta build).
+        ties: the tied names the class declares: tied name -> source name.
+        keeps_fp32: which state keys stay fp32 under a precision (PREC-2).
+        mark: called on each slot the build sends to meta (the library's flag that it needs no
+            initialisation), or None.
+    """
+
+    build: Callable[[], nn.Module]
+    ties: Callable[[nn.Module], Mapping[str, str]]
+    keeps_fp32: Callable[[nn.Module, torch.dtype], Callable[[str], bool]]
+    mark: Callable[[nn.Module, torch.Tensor], None] | None = None
+
+
+def build_encoder(
+    build: Callable[[], nn.Module],
+    *,
+    component: str,
+    checkpoint: Checkpoint,
+    mark: Callable[[nn.Module, torch.Tensor], None] | None = None,
+) -> nn.Module:
+    """The DiT's meta build (`reference.load.dit.build_dit`), with `mark` on each slot sent to
+    meta: under the construction guard, parameters and persistent buffers on meta,
+    non-persistent buffers real; a buffer left on meta with no rebuild hook is refused here.
+
+    Raises:
+        StateDictABIError: non-persistent buffers on meta that nothing recomputes.
+        HostMemoryError: the construction would take more host memory than it may.
+    """
+    with construction_guard(component, checkpoint_bytes=checkpoint.total_bytes, ordinary=False):
+        module = build_on_meta(build, component=component, mark=mark)
+    refuse_unrebuildable_buffers(module, component=component)
+    return module
+
+
+@dataclass(frozen=True)
+class EncoderSteps:
+    """The steps of `load_encoder` a caller may replace, each with the reference's default:
+    the meta build (`build_encoder`'s signature), the tie step (`tie_slots`'), and the DiT's
+    steps for the tensors."""
+
+    build: Callable[..., nn.Module] = build_encoder
+    tie: Callable[..., None] = tie_slots
+    dit: DiTSteps = REFERENCE_DIT_STEPS
+
+
+REFERENCE_ENCODER_STEPS = EncoderSteps()
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    """How an encoder load runs apart from what it loads: the steps, and the host memory it may
+    take (as `DiTOptions.host_bytes`)."""
+
+    steps: EncoderSteps = REFERENCE_ENCODER_STEPS
+    host_bytes: int | None = None
+
+
+ENCODER_DEFAULTS = EncoderOptions()
+
+
+def load_encoder(
+    model: EncoderModel,
+    checkpoint: str | os.PathLike[str],
+    *,
+    plan: WeightLoadPlan,
+    dtype: torch.dtype,
+    component: str = "text_encoder",
+    options: EncoderOptions = ENCODER_DEFAULTS,
+) -> tuple[nn.Module, LoadReport]:
+    """Load a text or image encoder as `plan` says; report what happened to each tensor.
+
+    Args:
+        model: the class's build, declared ties and fp32 rule (`EncoderModel`).
+        checkpoint: a safetensors file, shard index, or folder.
+        plan: where tensors land (the CPU when the component is offloaded, else the runtime
+            device); no post-processing, no deferral.
+        dtype: the component's precision (TE-3): every floating slot in it, except those the
+            library keeps in fp32.
+        component: the component's name, for messages and the report.
+        options: the steps and the host memory (`EncoderOptions`).
+
+    Returns:
+        The loaded module, in eval mode with nothing on meta (OUT-1), and its report.
+
+    Raises:
+        CheckpointError: the checkpoint is malformed.
+        StateMismatchError: checkpoint and model disagree (names before any tensor is read,
+            shapes), or the checkpoint holds two tied names with different values (TE-2).
+        HostMemoryError: the construction or the copies would not fit in host memory.
+    """
+    started = time.perf_counter()
+    clock = StepClock()
+    steps = options.steps
+    dit_options = DiTOptions(host_bytes=options.host_bytes, steps=steps.dit)
+    with clock.step("open"):
+        written = open_checkpoint(checkpoint)
+        host_bytes = host_room(
+            written, plan.checkpoint_load_device, dit_options, component=component
+        )
+    with clock.step("build"):
+        module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
+        steps.tie(module, model.ties(module), component=component)
+        cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
+        opened, twins = tied_names(written, module)
+        steps.dit.check_names(module, set(opened.tensors), component=component, files=opened.files)
+        check_twins(written, twins, component=component)
+    records = place_tensors(
+        module,
+        opened,
+        plan=plan,
+        kinds=PLAIN_TORCH_KINDS,
+        options=dit_options,
+        host_bytes=host_bytes,
+        component=component,
+        clock=clock,
+    )
+    with clock.step("finish"):
+        device = plan.checkpoint_load_device
+        steps.dit.rebuild_buffers(module, device=device, component=component)
+    report = LoadReport(
+        component=component,
+        plan=plan,
+        records=records,
+        seconds=time.perf_counter() - started,
+        events=("load",),
+        notes=skipped_notes(written.skipped),
+        precision=dtype,
+        steps=clock.seconds(),
+    )
+    return module.eval(), report

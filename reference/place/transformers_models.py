@@ -1,0 +1,164 @@
+"""Model classes of the `transformers` library: the text and image encoders of real pipelines
+(TE-1, TE-4).
+
+A real pipeline folder declares its encoders as `"text_encoder": ["transformers",
+"UMT5EncoderModel"]`. The encoder loader builds that class from the component's config.json
+(`cls(cls.config_class.from_dict(config))`, under the meta build: parameters and persistent
+buffers on `meta`, no initialisation of their values, no host allocation for them), re-ties the
+slots the class declares tied (TE-2) and loads its safetensors weights with the DiT's steps.
+
+Which names resolve: a class that transformers' own top-level namespace exports and that
+subclasses its `PreTrainedModel` (never a dotted path, never a module a config names). A class
+this transformers lacks, custom code (`auto_map`), a `quantization_config` (the reference
+implements none for encoders) and transformers not installed are refused at admission, before
+any tensor data is read, naming the component, the class and the fix (TE-4).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference.errors import CheckpointError, ComponentCheckpointUnsupportedError
+from reference.extras import install_hint
+from reference.place.host_memory import allocation_guard
+from reference.request.model_index import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
+from reference.request.precision import transformers_fp32_keeper
+
+__all__ = [
+    "AUTO_MAP",
+    "EXTRA",
+    "LIBRARY",
+    "declared_ties",
+    "encoder_builder",
+    "fp32_keeper",
+    "import_transformers",
+    "needs_no_initialisation",
+    "resolve_encoder_class",
+]
+
+LIBRARY = "transformers"
+EXTRA = "diffusers"  # the extra that brings transformers with diffusers
+AUTO_MAP = "auto_map"
+
+
+def _where(component: ComponentSpec) -> str:
+    return f"component {component.name!r} ({LIBRARY}.{component.class_name})"
+
+
+def import_transformers(component: ComponentSpec) -> ModuleType:
+    """transformers, imported on first use.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: transformers cannot be imported, naming the
+            component, the class and the extra to install (TE-4).
+    """
+    try:
+        return importlib.import_module(LIBRARY)
+    except ImportError as exc:
+        raise ComponentCheckpointUnsupportedError(
+            f"{_where(component)}: names the {LIBRARY} library, and {LIBRARY} cannot be imported"
+            f" ({exc}); install it: {install_hint(EXTRA)}"
+        ) from None
+
+
+def resolve_encoder_class(component: ComponentSpec) -> type[nn.Module]:
+    """The transformers class `component`'s model_index.json entry names, refused before any
+    tensor data is read when the reference cannot build it as transformers would (TE-4).
+
+    Raises:
+        ComponentCheckpointUnsupportedError: custom code (`auto_map` in its config.json), a
+            `quantization_config`, transformers missing, or a class this transformers does not
+            export as a model; each naming the component, the class and the fix.
+    """
+    where = _where(component)
+    if AUTO_MAP in component.config:
+        raise ComponentCheckpointUnsupportedError(
+            f"{where}: its {CONFIG} declares custom code ({AUTO_MAP}), and the reference runs no"
+            " code from a checkpoint. Use a checkpoint of a class transformers ships, or name your"
+            f" own class under your own library in {MODEL_INDEX} and register it with --models"
+        )
+    if QUANTIZATION_CONFIG in component.config:
+        method = component.quantization.method if component.quantization else "?"
+        raise ComponentCheckpointUnsupportedError(
+            f"{where}: its {CONFIG} declares quantization {method!r}, which the encoder loader"
+            " does not implement, and the reference never loads an encoder unquantized nor"
+            " through another library instead. Use an unquantized checkpoint of the encoder"
+        )
+    transformers = import_transformers(component)
+    base = getattr(transformers, "PreTrainedModel", None)
+    name = component.class_name
+    cls: object = None
+    if name.isidentifier() and not name.startswith("_"):
+        try:
+            cls = getattr(transformers, name, None)
+        except ImportError:  # an export whose optional dependency is missing
+            cls = None
+    if not (isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)):
+        version = getattr(transformers, "__version__", "?")
+        raise ComponentCheckpointUnsupportedError(
+            f"{where}: {LIBRARY} {version} has no model class {name!r} (named in"
+            f" {component.folder.parent / MODEL_INDEX}); install a {LIBRARY} that ships it"
+            f" (pip install -U {LIBRARY}), or name your own class under your own library there"
+            " and register it with --models"
+        )
+    found: type[nn.Module] = cls  # type: ignore[assignment]  # a PreTrainedModel subclass
+    return found
+
+
+def encoder_builder(component: ComponentSpec, cls: type[nn.Module]) -> Callable[[], nn.Module]:
+    """A `build()` that constructs transformers class `cls` from the component's config.json,
+    as `from_pretrained` does (`cls(config)` of the class's own config class), without reading
+    the config file again.
+
+    Raises:
+        CheckpointError: from `build()`, a config the class rejects, naming config.json.
+        HostMemoryError: from `build()`, a construction past the host's memory.
+    """
+    model_class: Any = cls  # PreTrainedModel's config_class is not part of nn.Module's type
+    config: Mapping[str, Any] = dict(component.config)
+
+    def build() -> nn.Module:
+        try:
+            with allocation_guard(component.name, config=config):
+                module: nn.Module = model_class(model_class.config_class.from_dict(dict(config)))
+        except (TypeError, ValueError, KeyError, AttributeError, AssertionError) as exc:
+            raise CheckpointError(
+                str(component.folder / CONFIG), None, f"does not fit {cls.__name__}: {exc}"
+            ) from None
+        return module
+
+    return build
+
+
+def declared_ties(module: nn.Module) -> dict[str, str]:
+    """The slots `module`'s class ties, as transformers declares them for this config: tied
+    name -> the name it shares storage with (T5's `encoder.embed_tokens.weight` ->
+    `shared.weight`); empty for a class that ties nothing."""
+    expand = getattr(module, "get_expanded_tied_weights_keys", None)
+    if callable(expand):
+        ties = expand(all_submodels=True)
+    else:
+        ties = getattr(module, "all_tied_weights_keys", None) or {}
+    return {str(target): str(source) for target, source in dict(ties).items()}
+
+
+def needs_no_initialisation(module: nn.Module, tensor: torch.Tensor) -> None:
+    """Mark a slot sent to meta as transformers marks loaded weights (`_is_hf_initialized`), so
+    the class's own `init_weights` skips it: nothing to initialise, the checkpoint fills it. A
+    torch layer that registers it (`nn.Linear`, `nn.Embedding`, ...: parameters only) is marked
+    too, so it is not even visited; a transformers layer is visited, since its initialisation may
+    also fill a non-persistent buffer."""
+    tensor._is_hf_initialized = True  # type: ignore[attr-defined]
+    if type(module).__module__.startswith("torch.nn."):
+        module.__dict__["_is_hf_initialized"] = True  # a plain attribute, as transformers sets it
+
+
+def fp32_keeper(module: nn.Module, dtype: torch.dtype) -> Callable[[str], bool]:
+    """The state keys transformers keeps in fp32 under precision `dtype` (PREC-2, TE-3)."""
+    return transformers_fp32_keeper(module, dtype)
