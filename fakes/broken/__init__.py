@@ -76,6 +76,7 @@ from fakes.broken.precision import (
 )
 from fakes.broken.strength import (
     BuildsTheConfigUnbounded,
+    DefersOnlyTheMainTransformer,
     FollowsIndexesOutOfTheirFolder,
     LoadsSafePicklesAsAFallback,
     MapsOneFileCheckpointsShared,
@@ -158,6 +159,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     PreReadsDirectCheckpoint,
     MapsFilesInDirectModeOnCpu,
     OffloadsBeforeProcessing,
+    DefersOnlyTheMainTransformer,
     IgnoresFsdp,
     FallsBackToUnquantized,
     UpcastsOnOffload,

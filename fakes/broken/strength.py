@@ -3,6 +3,7 @@ that a loader written independently had, and the rule whose tests now catch it."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -21,11 +22,13 @@ from reference.place.modules import non_persistent_buffers
 from reference.read.checkpoint import INDEX_SUFFIX, Checkpoint, TensorReader, open_checkpoint
 from reference.read.header import read_header
 from reference.read.preflight import check_device_memory
-from reference.request.model_index import read_pipeline
+from reference.request.args import own_server_args
+from reference.request.model_index import is_transformer_component, read_pipeline
 from reference.request.platform import Platform
 
 __all__ = [
     "BuildsTheConfigUnbounded",
+    "DefersOnlyTheMainTransformer",
     "FollowsIndexesOutOfTheirFolder",
     "LoadsSafePicklesAsAFallback",
     "MapsOneFileCheckpointsShared",
@@ -205,3 +208,21 @@ class RunsNoRebuildHooks(DiTDefect):
 
     def vae_steps(self) -> VAESteps:
         return VAESteps(rebuild_buffers=rebuild_without_hooks)
+
+
+class DefersOnlyTheMainTransformer(BrokenAdapter):
+    """Defers the CPU offload of an online-quantized DiT for `transformer` alone: Wan 2.2's
+    `transformer_2` is quantized on the device and then left there, never offloaded (FP8-2
+    covers every transformer the pipeline declares)."""
+
+    name = "broken-defers-only-the-main-transformer"
+    breaks = frozenset({"FP8-2"})
+    gpu_only = "on a CPU runtime device the offload moves nothing, so a missing one shows nowhere"
+
+    def load_pipeline_component(self, request: ComponentRequest) -> torch.nn.Module:
+        own = own_server_args(request.args)
+        name = request.component
+        if is_transformer_component(name) and name != "transformer" and own.is_cpu_offloaded(name):
+            kept = {**own.component_cpu_offload, name: False}
+            own = dataclasses.replace(own, component_cpu_offload=kept)
+        return super().load_pipeline_component(dataclasses.replace(request, args=own))
