@@ -116,7 +116,11 @@ def _child(prepare: Callable[..., Callable[[], Any]], args: tuple[Any, ...], res
         call = prepare(*args)  # imports, resolves and warms what the call needs: not charged
     except BaseException as error:
         results.put(("ready",))
-        results.put(_raised(error, None))
+        answer = _raised(error, None)
+        if answer[0] == "raised":  # not the measured call's refusal: the attempt never ran
+            text = f"before the call (resolving or warming the loader): {answer[2]}"
+            answer = ("crashed", answer[1], text, None, None, None)
+        results.put(answer)
         return
     results.put(("ready",))
     before = _reset_peak()
@@ -260,7 +264,8 @@ def attempt_with(
         deadline: seconds before the child is killed and the attempt counts as blocked.
         warm: `(function, args, kwargs)`, called the same way first, unmeasured and untimed
             (within `STARTUP`): the same kind of load on a small model, so that the attempt's
-            `peak_bytes` is the load's own growth. An error it raises is the attempt's.
+            `peak_bytes` is the load's own growth. An error it raises makes the attempt
+            `crashed` (an adapter's `Unsupported` a skip): never a refusal of the call.
     """
     request = (spec, capabilities, (function, args, dict(kwargs)), warm)
     return _isolated(_through_seam, request, deadline=deadline)

@@ -22,7 +22,7 @@ import reference
 from reference.errors import CheckpointError
 from reference.kit.adapters.reference import ReferenceAdapter
 from reference.kit.failures import SeamView
-from reference.kit.isolated import attempt
+from reference.kit.isolated import attempt, attempt_with
 from reference.kit.judging.judge import skip_cpu_runtime_without_the_setting
 from reference.kit.seam import CHECKPOINT_SAFETY, PLANS, VAE_STREAM, Unsupported, VaeRequest
 from reference.kit.selection import (
@@ -723,6 +723,15 @@ def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> No
     # The adapter's `Unsupported` is the seam's answer, wherever raised: a skip, not a failure.
     with pytest.raises(pytest.skip.Exception, match="takes no such path"):
         attempt(spec, marked, "inspect_checkpoint", "unsupported")
+    # A warm-up that fails is no refusal of the measured call: the attempt never ran.
+    cold = attempt_with(spec, marked, inspect, "ok", warm=(inspect, ("refuse",), {}))
+    assert cold.outcome == "crashed", cold
+    assert "warming" in cold.message
+
+
+def inspect(loader: Any, path: str) -> object:
+    """`loader.inspect_checkpoint(path)`, module-level for an isolated attempt."""
+    return loader.inspect_checkpoint(path)
 
 
 CPU = torch.device("cpu")
