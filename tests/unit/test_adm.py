@@ -847,41 +847,52 @@ def test_preflight_counts_every_shard_and_a_margin(loader: SeamLoader, tmp_path:
     assert_names_component(error, "transformer")
 
 
+BIG_DIT = {"hidden": 512, "heads": 4, "depth": 2}
+"""A DiT of 16+ MiB: a read of its tensor data stands out from headers and bookkeeping."""
+
+
+def assert_direct_load_refused_before_reading(
+    loader: SeamLoader, root: Path, *, free: Callable[[int], int]
+) -> None:
+    """A direct load of the pipeline's transformer onto a device with `free(weights' bytes)`
+    bytes free (the arguments admitted: only the memory is short) is refused with the adapter's
+    `DeviceMemoryError`, naming the component, before any tensor data is read."""
+    files = sorted((root / "transformer").glob("*.safetensors"))
+    data = data_bytes(*files)
+    assert data >= 16 * MIB
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
+    )
+    platform = FakePlatform(cuda=True, free_bytes=free(data))
+    loader.admit(root, args, platform=platform)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        request = ComponentRequest(
+            root, "transformer", args, platform=platform, models=MODELS_BY_NAME
+        )
+        errors.append(
+            refusal(lambda: loader.load_pipeline_component(request), error=DeviceMemoryError)
+        )
+
+    reads = watch(load)
+    assert_names_component(errors[0], "transformer")
+    reads.assert_no_data_read(data)
+
+
 @pytest.mark.capability(ADMISSION, PIPELINES)
 @pytest.mark.rule("DG-6")
 def test_a_direct_load_into_exactly_its_weights_bytes_is_refused(
     loader: SeamLoader, tmp_path: Path
 ) -> None:
-    """The load path's own preflight, over a sharded DiT: free device memory equal to the
-    bytes its headers declare, every shard summed, leaves no room for the stated margin.
+    """The load path's own preflight, over a DiT in three shards: free device memory equal to
+    the bytes its headers declare, every shard summed, leaves no room for the stated margin.
     Catches a load path that preflights with no margin (or not at all) even where the seam's
     preflight method has one, and one that counts some of the shards."""
-    dit = FakeComponent(PipelineDiT, {"hidden": 256, "heads": 4, "depth": 2}, seed=2, shards=3)
+    dit = FakeComponent(PipelineDiT, BIG_DIT, seed=2, shards=3)
     root = write_pipeline(tmp_path, {"transformer": dit})
-    files = sorted((root / "transformer").glob("*.safetensors"))
-    assert len(files) == 3
-    args = loader.make_server_args(
-        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
-    )
-    exact = FakePlatform(cuda=True, free_bytes=data_bytes(*files))
-    loader.admit(root, args, platform=exact)
-    errors: list[BaseException] = []
-
-    def load() -> None:
-        errors.append(
-            refusal(
-                lambda: loader.load_pipeline_component(
-                    ComponentRequest(
-                        root, "transformer", args, platform=exact, models=MODELS_BY_NAME
-                    )
-                ),
-                error=DeviceMemoryError,
-            )
-        )
-
-    reads = watch(load)
-    assert_names_component(errors[0], "transformer")
-    reads.assert_no_data_read(data_bytes(*files))
+    assert len(list((root / "transformer").glob("*.safetensors"))) == 3
+    assert_direct_load_refused_before_reading(loader, root, free=lambda weights: weights)
 
 
 @pytest.mark.capability(ADMISSION, PIPELINES)
@@ -889,32 +900,8 @@ def test_a_direct_load_into_exactly_its_weights_bytes_is_refused(
 def test_direct_load_beyond_free_memory_is_refused_before_any_byte_moves(
     loader: SeamLoader, tmp_path: Path
 ) -> None:
-    dit = FakeComponent(PipelineDiT, {"hidden": 512, "heads": 4, "depth": 2}, seed=2)
-    root = write_pipeline(tmp_path, {"transformer": dit})
-    files = sorted((root / "transformer").glob("*.safetensors"))
-    assert data_bytes(*files) >= 16 * MIB
-    args = loader.make_server_args(
-        ServingOptions(runtime_device=ACCEL, direct_gpu_weight_loading=True)
-    )
-    tiny = FakePlatform(cuda=True, free_bytes=MIB)
-    loader.admit(root, args, platform=tiny)  # the arguments are fine; only the memory is short
-    errors: list[BaseException] = []
-
-    def load() -> None:
-        errors.append(
-            refusal(
-                lambda: loader.load_pipeline_component(
-                    ComponentRequest(
-                        root, "transformer", args, platform=tiny, models=MODELS_BY_NAME
-                    )
-                ),
-                error=DeviceMemoryError,
-            )
-        )
-
-    reads = watch(load)
-    assert_names_component(errors[0], "transformer")
-    reads.assert_no_data_read(data_bytes(*files))
+    root = write_pipeline(tmp_path, {"transformer": FakeComponent(PipelineDiT, BIG_DIT, seed=2)})
+    assert_direct_load_refused_before_reading(loader, root, free=lambda weights: MIB)
 
 
 @pytest.mark.capability(ADMISSION)
