@@ -32,10 +32,7 @@ def cast_slots(
     found = find_slots(module)
     dtypes: dict[str, torch.dtype] = {}
     for name, slot in found.by_name.items():
-        wanted = slot_dtype(name, slot.dtype, dtype, ())
-        if wanted == dtype:
-            # A floating slot (slot_dtype gave it the target): fp32 where the rule keeps it.
-            wanted = torch.float32 if keeps_fp32_key(name) else dtype
+        wanted = slot_dtype(name, slot.dtype, dtype, keeps_fp32_key)
         dtypes[name] = wanted
         if wanted == slot.dtype:
             continue
