@@ -24,7 +24,7 @@ def cast_slots(
     and `requires_grad`; tied slots stay tied. Returns each slot's dtype by name.
 
     `keeps_fp32_key` answers which state keys stay fp32 (a library's own rule, such as
-    transformers', `reference.request.precision.transformers_fp32_keeper`); by default the
+    transformers', `reference.place.transformers_models.fp32_keeper`); by default the
     class's diffusers-style `_keep_in_fp32_modules` decide (PREC-2)."""
     if keeps_fp32_key is None:
         modules = fp32_modules(module)

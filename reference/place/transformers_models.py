@@ -17,6 +17,7 @@ any tensor data is read, naming the component, the class and the fix (TE-4).
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -28,7 +29,6 @@ from reference.errors import CheckpointError, ComponentCheckpointUnsupportedErro
 from reference.extras import install_hint
 from reference.place.host_memory import allocation_guard
 from reference.request.model_index import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
-from reference.request.precision import transformers_fp32_keeper
 
 __all__ = [
     "AUTO_MAP",
@@ -160,5 +160,17 @@ def needs_no_initialisation(module: nn.Module, tensor: torch.Tensor) -> None:
 
 
 def fp32_keeper(module: nn.Module, dtype: torch.dtype) -> Callable[[str], bool]:
-    """The state keys transformers keeps in fp32 under precision `dtype` (PREC-2, TE-3)."""
-    return transformers_fp32_keeper(module, dtype)
+    """TE-3, PREC-2: which state keys of a transformers model stay fp32 under precision
+    `dtype`, as `from_pretrained(torch_dtype=dtype)` keeps them: the class's
+    `_keep_in_fp32_modules` under fp16 only, its `_keep_in_fp32_modules_strict` under fp16 and
+    bf16, each entry a pattern searched anywhere in the key (`*` any run of characters), as
+    transformers matches them."""
+    patterns: list[str] = []
+    if dtype == torch.float16:
+        patterns.extend(getattr(module, "_keep_in_fp32_modules", None) or ())
+    if dtype in (torch.float16, torch.bfloat16):
+        patterns.extend(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+    if not patterns:
+        return lambda key: False
+    search = re.compile("|".join(p.replace("*", ".*") for p in sorted(patterns))).search
+    return lambda key: search(key) is not None

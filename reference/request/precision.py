@@ -13,7 +13,6 @@ them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -38,7 +37,6 @@ __all__ = [
     "precision_name",
     "slot_dtype",
     "stored_dtype",
-    "transformers_fp32_keeper",
 ]
 
 DIT_PRECISION_FLAG = "--dit-precision"
@@ -126,20 +124,3 @@ def stored_dtype(tensors: Iterable[tuple[torch.dtype, int]]) -> torch.dtype | No
         if dtype.is_floating_point and dtype.itemsize >= 2:
             totals[dtype] = totals.get(dtype, 0) + nbytes
     return max(totals, key=lambda d: totals[d]) if totals else None
-
-
-def transformers_fp32_keeper(module: nn.Module, dtype: torch.dtype) -> Callable[[str], bool]:
-    """TE-3, PREC-2 for a transformers model: which state keys stay fp32 under precision
-    `dtype`, as `from_pretrained(torch_dtype=dtype)` keeps them: the class's
-    `_keep_in_fp32_modules` under fp16 only, its `_keep_in_fp32_modules_strict` under fp16 and
-    bf16, each entry a pattern searched anywhere in the key (`*` any run of characters), as
-    transformers matches them."""
-    patterns: list[str] = []
-    if dtype == torch.float16:
-        patterns.extend(getattr(module, "_keep_in_fp32_modules", None) or ())
-    if dtype in (torch.float16, torch.bfloat16):
-        patterns.extend(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
-    if not patterns:
-        return lambda key: False
-    search = re.compile("|".join(p.replace("*", ".*") for p in sorted(patterns))).search
-    return lambda key: search(key) is not None
