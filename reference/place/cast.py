@@ -32,7 +32,7 @@ def cast_slots(
     found = find_slots(module)
     dtypes: dict[str, torch.dtype] = {}
     for name, slot in found.by_name.items():
-        wanted = slot_dtype(name, slot.dtype, dtype, keeps_fp32_key)
+        wanted = slot_dtype(slot.dtype, dtype, kept=keeps_fp32_key(name))
         dtypes[name] = wanted
         if wanted == slot.dtype:
             continue

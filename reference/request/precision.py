@@ -13,7 +13,7 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -103,16 +103,14 @@ def keeps_fp32(key: str, modules: Sequence[str]) -> bool:
     return any(module in parts for module in modules)
 
 
-def slot_dtype(
-    key: str, built: torch.dtype, target: torch.dtype, keeps: Callable[[str], bool]
-) -> torch.dtype:
-    """The dtype a slot of state key `key`, built in `built`, holds under precision `target`:
-    unchanged unless it is a floating dtype of two bytes or more (integer and float8 slots keep
-    theirs), fp32 where `keeps(key)` (the class's fp32-kept modules: `keeps_fp32`, or a
-    library's own rule), else `target` (PREC-1, PREC-2)."""
+def slot_dtype(built: torch.dtype, target: torch.dtype, *, kept: bool) -> torch.dtype:
+    """The dtype a slot built in `built` holds under precision `target`: unchanged unless it is
+    a floating dtype of two bytes or more (integer and float8 slots keep theirs), fp32 where it
+    is `kept` in fp32 (the class's fp32-kept modules, `keeps_fp32`, or a library's own rule),
+    else `target` (PREC-1, PREC-2)."""
     if not built.is_floating_point or built.itemsize < 2:
         return built
-    return torch.float32 if keeps(key) else target
+    return torch.float32 if kept else target
 
 
 def stored_dtype(tensors: Iterable[tuple[torch.dtype, int]]) -> torch.dtype | None:
