@@ -39,6 +39,7 @@ def build_on_meta(
     *,
     component: str,
     mark: Callable[[nn.Module, torch.Tensor], None] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """VAE-1, VAE-9: run `build()` with every parameter and persistent buffer on `meta`.
 
@@ -46,17 +47,22 @@ def build_on_meta(
     registered); non-persistent buffers are computed as an ordinary construction computes them,
     so they hold their real values. Safe to call from several threads at once: each build is
     seen only by its own thread, and torch itself is not changed. Every CPU allocation of the
-    construction is checked against the host's available memory first
-    (`reference.place.host_memory.allocation_guard`). `mark`, if given, is called with the
-    module and the meta tensor of each slot it registers (transformers' flag that a weight and
-    its layer need no initialisation: its own initialisation of meta tensors would cost the
-    build a third of its time, for nothing).
+    construction is checked against the host's available memory first, or against the budget
+    of a guard around the call (`reference.place.host_memory.allocation_guard`); the standard
+    layers' parameters are made on meta at once, checked all the same (`MetaBuild`).
+
+    `mark`, if given, is called with the module and the meta tensor of each slot it registers
+    (transformers' flag that a weight and its layer need no initialisation: its own
+    initialisation of meta tensors would cost the build a third of its time, for nothing).
+    `dtype`, if given, is the precision the caller gives the slots next
+    (`reference.place.cast.cast_slots`): the standard layers' floating parameters are made in
+    it on meta, so that the cast has little left to convert.
 
     Raises:
         StateDictABIError: `build` did not return an `nn.Module`.
         HostMemoryError: the construction would take more host memory than is available.
     """
-    with MetaBuild.building(mark), allocation_guard(component):
+    with MetaBuild.building(mark, dtype=dtype), allocation_guard(component):
         module = build()
         if not isinstance(module, nn.Module):
             raise StateDictABIError(

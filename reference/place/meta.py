@@ -19,8 +19,8 @@ from torch.nn.modules.module import (
 from torch.nn.parameter import is_lazy
 from torch.utils.hooks import RemovableHandle
 
-from reference.place.host_memory import release
-from reference.place.modules import walk
+from reference.place.host_memory import factories_on_meta, release
+from reference.place.modules import submodules
 
 __all__ = ["MetaBuild"]
 
@@ -51,6 +51,14 @@ _INITIALISES_PARAMETERS_ONLY = frozenset(
         nn.GroupNorm,
         *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
     }
+)
+# Their constructors, and those of the classes between them and nn.Module (a Conv2d's factory
+# calls are in _ConvNd.__init__): every factory call these make is one of the layer's parameters.
+_LAYER_CONSTRUCTORS = frozenset(
+    base.__init__.__code__
+    for layer in _INITIALISES_PARAMETERS_ONLY
+    for base in layer.__mro__[: layer.__mro__.index(nn.Module)]
+    if "__init__" in vars(base)
 )
 
 
@@ -92,12 +100,17 @@ class MetaBuild:
 
     torch's own registration hooks do it (no torch function is replaced); they act only in a
     context (thread) that is building, so a module constructed in another thread at the same
-    moment is built as usual. Everything else that construction computes (non-persistent
-    buffers: frequency tables, wavelet filters, index ranges) keeps its real values (VAE-9).
-    This is accelerate's `init_empty_weights(include_buffers=False)`, which diffusers' own
-    low-memory load uses (so every diffusers class builds under it), with persistent buffers
-    on meta too: the checkpoint fills them. One tensor registered under two names stays one
-    tensor (ties are kept for VAE-6).
+    moment is built as usual. The parameters of the standard torch layers
+    (`_INITIALISES_PARAMETERS_ONLY`) are made on meta at once instead
+    (`reference.place.host_memory.factories_on_meta`, through the thread-local torch function
+    mode the construction guard uses): their host allocation and the swap to meta took a fifth
+    of the meta build of a 14B Wan DiT (measured: 50 ms, 41 ms without them). Everything else
+    that construction computes (non-persistent buffers: frequency tables, wavelet filters,
+    index ranges) keeps its real values (VAE-9). This is accelerate's
+    `init_empty_weights(include_buffers=False)`, which diffusers' own low-memory load uses (so
+    every diffusers class builds under it), with persistent buffers on meta too: the
+    checkpoint fills them. One tensor registered under two names stays one tensor (ties are
+    kept for VAE-6).
     """
 
     active: ContextVar[_Build | None] = ContextVar("meta_build", default=None)
@@ -177,8 +190,13 @@ class MetaBuild:
     @classmethod
     @contextmanager
     def building(
-        cls, mark: Callable[[nn.Module, torch.Tensor], None] | None = None
+        cls,
+        mark: Callable[[nn.Module, torch.Tensor], None] | None = None,
+        *,
+        dtype: torch.dtype | None = None,
     ) -> Iterator[None]:
+        """A meta build in this block (this thread). `mark`: see `_Build`; `dtype`: the
+        precision the slots are given next (`factories_on_meta`)."""
         with cls.lock:
             if cls.users == 0:
                 cls.hooks = (
@@ -189,7 +207,8 @@ class MetaBuild:
         build = _Build(mark)
         token = cls.active.set(build)
         try:
-            yield
+            with factories_on_meta(_LAYER_CONSTRUCTORS, dtype=dtype):
+                yield
         finally:
             cls.active.reset(token)
             build.restore()
@@ -204,7 +223,13 @@ class MetaBuild:
         """Send to meta, in a build, what bypassed registration (a tensor assigned over an
         existing buffer, or written into `_parameters` directly), keeping ties."""
         with torch._C.DisableTorchFunction():  # bookkeeping, as in `to_meta`
-            for entry in list(walk(module, persistent=True)):
-                if not entry.tensor.is_meta:
-                    store = entry.owner._parameters if entry.is_parameter else entry.owner._buffers
-                    store[entry.attr] = cls.to_meta(entry.tensor)  # type: ignore[assignment]
+            # The stores themselves, not `walk`'s entries: nearly every slot is on meta already,
+            # and this runs once per build over every slot.
+            for _, sub in submodules(module):
+                for attr, param in sub._parameters.items():
+                    if param is not None and not param.is_meta:
+                        sub._parameters[attr] = cls.to_meta(param)  # type: ignore[assignment]
+                skipped = sub._non_persistent_buffers_set
+                for attr, buf in sub._buffers.items():
+                    if buf is not None and not buf.is_meta and attr not in skipped:
+                        sub._buffers[attr] = cls.to_meta(buf)

@@ -469,13 +469,20 @@ _SHAPE_RULES: dict[str, Callable[..., Request | None]] = {
 }
 
 
+_SHAPES = (torch.Size, tuple, list)
+
+
 def _size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    # Asked for every parameter a build makes: a loop, not a generator, and no union built.
     shape = kwargs.get("size", args[0] if args else None)
     if isinstance(shape, int):
         shape = args if all(isinstance(a, int) for a in args) else (shape,)
-    if isinstance(shape, torch.Size | tuple | list) and all(isinstance(d, int) for d in shape):
-        return tuple(shape)
-    return None
+    if not isinstance(shape, _SHAPES):
+        return None
+    for size in shape:
+        if not isinstance(size, int):
+            return None
+    return tuple(shape)
 
 
 def _arange_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | None:

@@ -1,7 +1,11 @@
 """The construction guard's sizes (reference/place/op_sizes.py), checked against what each call
 really allocates: a derived op's request is never below the bytes of the new tensors it returns,
 and it is nothing where the call returns a view or the tensor itself. Calls whose rule does not
-know its arguments fall back to one run on meta, and calls that fail there count nothing."""
+know its arguments fall back to one run on meta, and calls that fail there count nothing.
+
+Then the mode that asks it (reference/place/host_memory.py): a meta build's standard layers
+make their parameters on meta at once, still checked against every budget, and a guard nested
+in another without a budget of its own takes the enclosing one's."""
 
 from __future__ import annotations
 
@@ -10,7 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from reference.errors import HostMemoryError
+from reference.place.host_memory import allocation_guard, factories_on_meta
+from reference.place.meta import MetaBuild
 from reference.place.op_sizes import (
     FACTORIES,
     Kind,
@@ -102,6 +110,7 @@ def test_a_derived_request_is_never_below_what_the_call_allocates(case: str) -> 
         (torch.eye, (3,), {}, 36),
         (torch.eye, ("three",), {}, 0),
         (torch.empty, ("huge",), {}, 0),
+        (torch.empty, ((2, "wide"),), {}, 0),
         (torch.empty, (2, 3), {"device": "meta"}, 0),
     ],
 )
@@ -133,3 +142,93 @@ def test_views_queries_and_in_place_ops_count_nothing() -> None:
     assert treatment_of(torch.Tensor.__iadd__).kind is Kind.PASS
     assert treatment_of(torch.nn.init.normal_).kind is Kind.INITIALISER
     assert treatment_of(torch.matmul).sizer is None  # unknown arithmetic: meta sizes it
+
+
+def _factory_in_a_helper() -> torch.Tensor:
+    return torch.empty(4)
+
+
+def test_only_the_named_constructors_own_factory_calls_go_to_meta() -> None:
+    """A factory the constructor calls itself goes to meta; one it calls through another
+    function, one made outside it, and one that names another device keep their device."""
+    own = nn.Linear.__init__.__code__
+    with factories_on_meta(frozenset({own})):
+        assert nn.Linear(4, 4).weight.is_meta
+        assert not torch.empty(4).is_meta
+        assert not _factory_in_a_helper().is_meta
+        with factories_on_meta(frozenset({_factory_in_a_helper.__code__})):
+            assert _factory_in_a_helper().is_meta
+            assert nn.Linear(4, 4).bias.is_meta
+        assert not _factory_in_a_helper().is_meta  # the inner block's constructors are gone
+        assert nn.Linear(4, 4, device="meta").weight.is_meta
+    assert not nn.Linear(4, 4).weight.is_meta
+
+
+LAYERS: dict[str, Any] = {
+    "linear": lambda: nn.Linear(8, 4),
+    "conv": lambda: nn.Conv2d(3, 8, 3),
+    "conv-transpose": lambda: nn.ConvTranspose3d(3, 8, 3),
+    "embedding": lambda: nn.Embedding(10, 4),
+    "layer-norm": lambda: nn.LayerNorm(8),
+    "group-norm": lambda: nn.GroupNorm(2, 8),
+    **({"rms-norm": lambda: nn.RMSNorm(8)} if hasattr(nn, "RMSNorm") else {}),  # torch 2.4+
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_a_meta_build_makes_a_standard_layers_parameters_on_meta_and_holds_no_bytes(
+    layer: str,
+) -> None:
+    """Every parameter of the layer is a meta `Parameter`, its `reset_parameters` is its own
+    again after the build, and none of its bytes are held against the budget: a budget that
+    admits the largest parameter admits a build of several layers."""
+    with MetaBuild.building(), allocation_guard("vae", budget=1 << 12):
+        built = [LAYERS[layer]() for _ in range(64)]  # about 64 x 1 KiB at most, all released
+    for module in built:
+        params = list(module.parameters())
+        assert params
+        assert all(type(p) is nn.Parameter and p.is_meta for p in params)
+        assert "reset_parameters" not in vars(module)
+
+
+def test_a_standard_layer_sized_past_the_budget_is_refused_though_it_would_go_to_meta() -> None:
+    with (
+        MetaBuild.building(),
+        allocation_guard("vae", budget=1 << 20, config={"width": 1024}),
+        pytest.raises(HostMemoryError, match=r"^vae: .*\[1024, 1024\].*width=1024"),
+    ):
+        nn.Linear(1024, 1024)  # a 4 MiB weight
+
+
+def test_a_nested_guard_without_a_budget_takes_the_enclosing_ones() -> None:
+    with allocation_guard("outer", budget=1 << 12), allocation_guard("inner"):
+        with pytest.raises(HostMemoryError, match=r"^inner: .*past the 4096 bytes"):
+            torch.outer(torch.ones(64), torch.ones(64))  # 16 KiB
+        assert torch.outer(torch.ones(16), torch.ones(16)).numel() == 256
+
+
+class _Scaled(nn.Module):
+    """A standard layer beside a parameter its own constructor computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.fp8 = nn.Linear(4, 4, bias=False, dtype=torch.float8_e4m3fn)
+        self.scale = nn.Parameter(torch.randn(4) / 2)
+
+
+def test_a_meta_build_given_a_precision_makes_the_standard_layers_floating_slots_in_it() -> None:
+    """Only what the cast would give that precision anyway: not a float8 weight, and not a
+    parameter the model computes (it goes to meta as it was made)."""
+    from reference.place.build import build_on_meta
+
+    built = build_on_meta(_Scaled, component="transformer", dtype=torch.bfloat16)
+    dtypes = {name: p.dtype for name, p in built.named_parameters()}
+    assert all(p.is_meta for p in built.parameters())
+    assert dtypes == {
+        "proj.weight": torch.bfloat16,
+        "proj.bias": torch.bfloat16,
+        "fp8.weight": torch.float8_e4m3fn,
+        "scale": torch.float32,
+    }
+    assert build_on_meta(_Scaled, component="transformer").proj.weight.dtype == torch.float32
