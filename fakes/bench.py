@@ -26,6 +26,7 @@ __all__ = [
     "MAX_HIDDEN",
     "MIB",
     "MLP_RATIO",
+    "PIPELINE_VAE_CONFIG",
     "VAE_BYTES_PER_HIDDEN_SQUARED",
     "BenchBlock",
     "BenchDiT",
@@ -35,6 +36,7 @@ __all__ = [
     "text_encoder_config",
     "write_bench_checkpoints",
     "write_diffusers_bench",
+    "write_pipeline_bench",
     "write_text_encoder_bench",
 ]
 
@@ -243,3 +245,48 @@ def write_text_encoder_bench(folder: Path, target: int) -> Path:
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
     return encoder
+
+
+PIPELINE_VAE_CONFIG: dict[str, object] = {
+    "base_dim": 32,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True],
+}
+"""An `AutoencoderKLWan` of about 54 MiB in fp32: Wan 2.1's layout at a third of its width."""
+
+
+def write_pipeline_bench(folder: Path, target: int) -> Path:
+    """A Wan pipeline in `folder`, written by `WanPipeline(...).save_pretrained`: a
+    `WanTransformer3DModel` and a `UMT5EncoderModel` of about `target / 2` bytes of float32
+    weights each, both stored in bf16 (as Wan 2.1 and UMT5-XXL ship), and an `AutoencoderKLWan`
+    in fp32 (`PIPELINE_VAE_CONFIG`); no tokenizer (its files are not weights).
+
+    Returns `folder`.
+
+    Raises:
+        ImportError: diffusers or transformers is not installed.
+    """
+    import importlib
+
+    diffusers = importlib.import_module("diffusers")
+    transformers = importlib.import_module("transformers")
+    torch.manual_seed(0)
+    dit = diffusers.WanTransformer3DModel(**diffusers_dit_config(target // 2))
+    config = transformers.UMT5Config(**text_encoder_config(target // 2))
+    pipeline = diffusers.WanPipeline(
+        transformer=dit.to(torch.bfloat16),
+        vae=diffusers.AutoencoderKLWan(**PIPELINE_VAE_CONFIG),
+        text_encoder=transformers.UMT5EncoderModel(config).to(torch.bfloat16),
+        tokenizer=None,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+    )
+    logging = diffusers.utils.logging
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # "tokenizer=None cannot be saved": there is none to save
+    try:
+        pipeline.save_pretrained(str(folder))
+    finally:
+        logging.set_verbosity(verbosity)
+    return folder

@@ -224,6 +224,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("DG-6", SHOULD, BEYOND, "Direct mode checks free device memory before any byte moves"),
     Rule(
+        "DG-8",
+        MUST,
+        BEYOND,
+        "Direct mode stages through a bounded host area: host growth <= it + one tensor",
+    ),
+    Rule(
         "DG-7",
         MUST,
         BEYOND,
@@ -305,6 +311,35 @@ RULES: tuple[Rule, ...] = (
         MUST,
         UPSTREAM,
         "With no flag set every component loads as it would without the feature",
+    ),
+    # PIPE: a whole pipeline
+    Rule(
+        "PIPE-1",
+        MUST,
+        BEYOND,
+        "A pipeline load returns every weight-bearing component it declares, or refuses before"
+        " any tensor read naming each it cannot load; weightless ones listed with the reason",
+    ),
+    Rule(
+        "PIPE-2",
+        MUST,
+        BEYOND,
+        "Every refusal that needs no tensor data runs for every component before any is read;"
+        " one memory preflight per device for all components, naming device, bytes, components",
+    ),
+    Rule(
+        "PIPE-3",
+        MUST,
+        BEYOND,
+        "A pipeline load is atomic: a failed component is named, and nothing of the load stays"
+        " alive (modules, memory, reader threads, open files)",
+    ),
+    Rule(
+        "PIPE-4",
+        MUST,
+        BEYOND,
+        "Concurrent loading gives what a sequential load gives, reports in declared order, and"
+        " no peak memory above what the preflight counted",
     ),
     # VAE: meta construction and per-tensor streaming
     Rule(

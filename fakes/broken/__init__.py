@@ -56,6 +56,12 @@ from fakes.broken.dit import (
     UpcastsOnOffload,
 )
 from fakes.broken.fairness import TrustsStateDict
+from fakes.broken.pipeline import (
+    KeepsComponentsOfAFailedLoad,
+    LeavesOutWhatItCannotBuild,
+    PreflightsEachComponentAlone,
+    StagesEveryComponentAtOnce,
+)
 from fakes.broken.plans import (
     DefaultPlanOnCpu,
     DefersResidentComponents,
@@ -74,6 +80,7 @@ from fakes.broken.precision import (
     ConvertsTheWholeStateFirst,
     CopiesWhenAPrecisionIsGiven,
 )
+from fakes.broken.staging import RefillsStagingBeforeCopiesEnd, StagesTheWholeCheckpoint
 from fakes.broken.strength import (
     BuildsTheConfigUnbounded,
     DefersOnlyTheMainTransformer,
@@ -158,6 +165,8 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     ReadsBeforeChecking,
     PreReadsDirectCheckpoint,
     MapsFilesInDirectModeOnCpu,
+    RefillsStagingBeforeCopiesEnd,
+    StagesTheWholeCheckpoint,
     OffloadsBeforeProcessing,
     DefersOnlyTheMainTransformer,
     IgnoresFsdp,
@@ -215,6 +224,11 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     ChecksOnlyTheMainTransformer,
     NoMemoryMargin,
     PreflightsTheFirstShardOnly,
+    # whole pipelines
+    LeavesOutWhatItCannotBuild,
+    PreflightsEachComponentAlone,
+    KeepsComponentsOfAFailedLoad,
+    StagesEveryComponentAtOnce,
     # checkpoints
     UnpicklesLegacyCheckpoints,
     IgnoresShardIndex,

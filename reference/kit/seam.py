@@ -52,6 +52,7 @@ __all__ = [
     "TENSOR_PARALLEL",
     "TEXT_ENCODERS",
     "VAE_STREAM",
+    "WHOLE_PIPELINE",
     "ZERO_COPY",
     "Admission",
     "CheckpointSafety",
@@ -63,10 +64,12 @@ __all__ = [
     "Fp8Defer",
     "LinearKinds",
     "LoadReport",
+    "LoadedPipeline",
     "LoaderAdapter",
     "LoaderSupport",
     "MemoryPreflight",
     "OffloadOptions",
+    "PipelineRequest",
     "Pipelines",
     "Plan",
     "PlanLike",
@@ -85,6 +88,7 @@ __all__ = [
     "VaeRequest",
     "VaeStream",
     "Verdict",
+    "WholePipeline",
     "ZeroCopy",
     "capability_of",
 ]
@@ -103,6 +107,7 @@ MEMORY_PREFLIGHT = "memory_preflight"
 PIPELINES = "pipelines"
 CHECKPOINT_SAFETY = "checkpoint_safety"
 TEXT_ENCODERS = "text_encoders"
+WHOLE_PIPELINE = "whole_pipeline"
 
 
 # --- value types -------------------------------------------------------------------------------
@@ -231,6 +236,39 @@ class EncoderRequest:
     _: KW_ONLY
     args: ServerArgsLike
     platform: Platform
+
+
+@dataclass(frozen=True)
+class PipelineRequest:
+    """A whole pipeline folder, as a test asks for it (`load_pipeline`): the folder, the
+    loader's arguments (`make_server_args`' value), the platform facts (CUDA, free device
+    memory, available host memory: the memory preflight asks them), and `models`, classes by
+    name for components whose model_index.json names the test's own library (None: the
+    loader's own)."""
+
+    pipeline_dir: Path
+    _: KW_ONLY
+    args: ServerArgsLike
+    platform: Platform
+    models: Mapping[str, type[nn.Module]] | None = None
+
+
+@dataclass(frozen=True)
+class LoadedPipeline:
+    """What a whole-pipeline load returns.
+
+    Attributes:
+        components: every weight-bearing component the pipeline declares and the loader
+            loads, by name, in model_index.json order, each ready for inference (OUT-1).
+        not_loaded: each declared component that was not loaded, with why (schedulers,
+            tokenizers: no weights).
+        reports: the loader's report of each component's load, in the same order (empty where
+            a loader keeps none; judged by no rule).
+    """
+
+    components: Mapping[str, nn.Module]
+    not_loaded: Mapping[str, str] = field(default_factory=dict)
+    reports: Sequence[object] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -498,6 +536,23 @@ class TextEncoders(_ServerArgsFactory, Protocol):
         ...
 
 
+class WholePipeline(_ServerArgsFactory, Protocol):
+    """PIPE-1..4: a pipeline folder loaded whole, in one call with one request value.
+
+    Invariants: every refusal that needs no tensor data (admission, arguments, precisions,
+    headers against slots, and one memory preflight per device for all the components
+    together) comes before any tensor data of any component is read, naming the device, the
+    bytes and the components; the load is atomic: a component that fails stops the others,
+    the load raises naming it, and nothing of the load stays alive (modules, memory, reader
+    threads, open files); components may load concurrently, with the result a sequential load
+    gives.
+    """
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        """Load every weight-bearing component of the pipeline; returns them (or raises)."""
+        ...
+
+
 class CheckpointSafety(Protocol):
     """CKPT-1/2/4, ZC-13: reading safetensors checkpoints, and refusing everything else.
 
@@ -534,6 +589,7 @@ class SeamLoader(
     MemoryPreflight,
     Pipelines,
     TextEncoders,
+    WholePipeline,
     CheckpointSafety,
     Protocol,
 ):
@@ -555,6 +611,7 @@ PROTOCOLS: Mapping[str, type] = {
     MEMORY_PREFLIGHT: MemoryPreflight,
     PIPELINES: Pipelines,
     TEXT_ENCODERS: TextEncoders,
+    WHOLE_PIPELINE: WholePipeline,
     CHECKPOINT_SAFETY: CheckpointSafety,
 }
 """Each capability's Protocol."""

@@ -49,8 +49,10 @@ from reference.read.checkpoint import (
     open_checkpoint,
     skipped_notes,
 )
+from reference.read.engine import CopyEngine, engine_for
 from reference.read.pool import PooledReader
 from reference.read.reading import InOrder, ReadOptions, pool_options, prefetch_workers
+from reference.read.staging import StagingReader
 from reference.report.steps import StepClock
 from reference.report.summary import LoadReport
 from reference.request.plan import WeightLoadPlan, effective_plan
@@ -63,6 +65,7 @@ __all__ = [
     "DiTSteps",
     "build_dit",
     "check_names",
+    "direct_reader",
     "dit_reader",
     "finish",
     "host_room",
@@ -124,7 +127,8 @@ def build_dit(
     """
     total = None if checkpoint is None else checkpoint.total_bytes
     with construction_guard(component, checkpoint_bytes=total, ordinary=False):
-        module = build_on_meta(build, component=component)
+        # Standard layers' parameters are made in `dtype` already (cast_slots then has less to do).
+        module = build_on_meta(build, component=component, dtype=dtype)
     refuse_unrebuildable_buffers(module, component=component)
     if dtype is not None:
         cast_slots(module, dtype)
@@ -142,15 +146,15 @@ def dit_reader(
 ) -> TensorReader:
     """The reference's reader for one DiT load into `module` (built, not yet loaded).
 
-    A load that copies every tensor (adoption off, or direct mode: every tensor goes to the
-    device, where it is adopted) reads through the pool where `reference.read.reading.pool_options`
-    says so (by default the copy path onto the CPU; given options, both). On a CPU load
-    device the pool reads the tensors whose buffers become the loaded tensors as they are
-    (`reference.place.adopt.keeps_read_tensor`, or the zero-copy verdict: a standard layer's loader
-    at TP=1 copies the tensor unchanged); the others (a layer's `weight_loader` fills them, or
-    they are converted) are copied from the file's map, so no tensor is copied twice. A load
-    that may adopt CPU tensors needs views of the file's map (`TensorReader`), populated in the
-    background when `reading.prefetch`.
+    A load that copies every tensor (adoption off; or direct mode with `workers=0`, the one
+    direct load that comes here instead of `direct_reader`) reads through the pool where
+    `reference.read.reading.pool_options` says so (by default the copy path onto the CPU). On a
+    CPU load device the pool reads the tensors whose buffers become the loaded tensors as they
+    are (`reference.place.adopt.keeps_read_tensor`, or the zero-copy verdict: a standard layer's
+    loader at TP=1 copies the tensor unchanged); the others (a layer's `weight_loader` fills
+    them, or they are converted) are copied from the file's map, so no tensor is copied twice. A
+    load that may adopt CPU tensors needs views of the file's map (`TensorReader`), populated in
+    the background when `reading.prefetch`.
     """
     pool = pool_options(reading, device=device, load="dit") if copies_every_tensor else None
     if pool is None:
@@ -181,17 +185,65 @@ def dit_reader(
     return PooledReader(checkpoint, pool, pooled=pooled, buffers_kept=True)
 
 
+def direct_reader(
+    checkpoint: Checkpoint,
+    module: nn.Module,
+    *,
+    reading: ReadOptions | None,
+    device: torch.device,
+    kinds: LinearKinds,
+    steps: DiTSteps,
+    component: str,
+) -> TensorReader:
+    """Direct mode's reader (DG-4, DG-8): `steps.staging` reads every tensor through a bounded
+    ring of host buffers onto `device` with `steps.engine` (the device's own by default), each
+    into one fresh device tensor of its file's dtype. The tensors the load keeps as they are
+    read (adopted: the zero-copy verdict in direct mode, ZC-2..8, judged from the header; or,
+    onto the CPU, kept by the copy path as the slot's tensor) are read ahead freely; the others
+    are transient, one at a time, so device memory stays within the model plus one tensor
+    (DG-5, PREC-5)."""
+    slots = find_slots(module).by_name
+    meta = torch.device("meta")
+
+    def kept(info: TensorInfo) -> bool:
+        slot = slots.get(info.name)
+        if slot is None:
+            return False
+        if keeps_read_tensor(slot, info.dtype, info.shape, device):
+            return True
+        shaped = torch.empty(info.shape, dtype=info.dtype, device=meta)
+        verdict = steps.adopt.verdict(
+            slot.tensor, shaped, slot.tensor, kinds=kinds, direct_device=meta
+        )
+        return slot.is_parameter and verdict.adopt
+
+    return steps.staging(
+        checkpoint,
+        engine=engine_for(device) if steps.engine is None else steps.engine,
+        device=device,
+        options=ReadOptions() if reading is None else reading,
+        kept={info.name for info in checkpoint.tensors.values() if kept(info)},
+        component=component,
+    )
+
+
 @dataclass(frozen=True)
 class DiTSteps:
     """The steps of `load_dit` a caller may replace, each with the reference's default: the
     adoption steps, the tensor reader, the name check before reading, weight processing and the
     deferred offload. A loader that differs in one step passes its own (`Platform`'s way).
 
-    `reader` None is the reference's choice (`dit_reader`, tuned by `DiTOptions.reading`); a
-    reader given here reads every load, whatever `reading` says."""
+    `reader` None is the reference's choice (`direct_reader` in direct mode, else `dit_reader`,
+    tuned by `DiTOptions.reading`); a reader given here reads every load, whatever `reading`
+    says. `staging` makes direct mode's reader (`reference.read.staging.StagingReader`'s
+    signature), with `engine` as its copy engine: None is the device's own
+    (`reference.read.engine.engine_for`: the CPU's for `cpu`, CUDA's for `cuda`); a test passes
+    a fake engine here (the kit's `DelayedEngine`)."""
 
     adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
     reader: Callable[[Checkpoint], TensorReader] | None = None
+    staging: Callable[..., TensorReader] = StagingReader
+    engine: CopyEngine | None = None
     check_names: Callable[..., None] = check_names
     rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
     process: Callable[..., int] = process_weights
@@ -210,10 +262,11 @@ class DiTOptions:
         reading: how the files are read (`reference.read.reading.ReadOptions`); None is the
             default: the copy path onto the CPU (adopt=False) reads through the reader pool with
             `ReadOptions()`, every other load reads views of the file's map, without prefetch.
-            Given options (`workers` of 1 or more) send the loads that copy every tensor
-            (adopt=False, direct mode) through the pool, whose buffers become the copied
-            tensors where no conversion is involved and the layer has no `weight_loader` or a
-            standard one at TP=1 (see `dit_reader`); `workers=0` reads every load from the map;
+            Given options (`workers` of 1 or more) send the copy path (adopt=False) through the
+            pool, whose buffers become the copied tensors where no conversion is involved and
+            the layer has no `weight_loader` or a standard one at TP=1 (see `dit_reader`).
+            Direct mode reads through the staging reader (`direct_reader`) with these options,
+            or `ReadOptions()` by default; `workers=0` reads every load from the map;
             `prefetch` populates a zero-copy load's maps in the background (the load does not
             wait for it).
         host_bytes: the host memory the load may take (default: what the host has available,
@@ -368,6 +421,16 @@ def place_tensors(
     steps = options.steps
     if steps.reader is not None:
         reader = steps.reader(opened)
+    elif direct and (options.reading is None or options.reading.workers):
+        reader = direct_reader(
+            opened,
+            module,
+            reading=options.reading,
+            device=device,
+            kinds=kinds,
+            steps=steps,
+            component=component,
+        )
     else:
         copies_every_tensor = direct or not options.adopt
         reader = dit_reader(

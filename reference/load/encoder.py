@@ -34,7 +34,7 @@ from reference.place.cast import cast_slots
 from reference.place.diffusers_models import PLAIN_TORCH_KINDS
 from reference.place.host_memory import construction_guard
 from reference.place.modules import refuse_unrebuildable_buffers
-from reference.place.ties import check_twins, tie_slots, tied_names
+from reference.place.ties import Twins, check_twins, tie_slots, tied_names
 from reference.read.checkpoint import Checkpoint, open_checkpoint, skipped_notes
 from reference.report.steps import StepClock
 from reference.report.summary import LoadReport
@@ -47,6 +47,7 @@ __all__ = [
     "EncoderOptions",
     "EncoderSteps",
     "build_encoder",
+    "build_tied_encoder",
     "load_encoder",
 ]
 
@@ -90,6 +91,34 @@ def build_encoder(
     return module
 
 
+def build_tied_encoder(
+    model: EncoderModel,
+    written: Checkpoint,
+    *,
+    dtype: torch.dtype,
+    component: str,
+    steps: EncoderSteps,
+) -> tuple[nn.Module, Checkpoint, tuple[Twins, ...]]:
+    """The encoder built on meta (`steps.build`), its declared ties made (TE-2), its slots given
+    `dtype` (TE-3, fp32-kept modules aside), and the checkpoint's names checked against its
+    slots from the headers (CKPT-3). Reads no tensor data.
+
+    Returns:
+        The module; the checkpoint as its slots name it (`reference.place.ties.tied_names`);
+        the tied names the checkpoint holds twice, whose values `check_twins` compares.
+
+    Raises:
+        StateMismatchError: names that disagree, or a declared tie the module cannot hold.
+        HostMemoryError, StateDictABIError: from the build.
+    """
+    module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
+    steps.tie(module, model.ties(module), component=component)
+    cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
+    opened, twins = tied_names(written, module)
+    steps.dit.check_names(module, set(opened.tensors), component=component, files=opened.files)
+    return module, opened, twins
+
+
 @dataclass(frozen=True)
 class EncoderSteps:
     """The steps of `load_encoder` a caller may replace, each with the reference's default:
@@ -106,11 +135,13 @@ REFERENCE_ENCODER_STEPS = EncoderSteps()
 
 @dataclass(frozen=True)
 class EncoderOptions:
-    """How an encoder load runs apart from what it loads: the steps, and the host memory it may
-    take (as `DiTOptions.host_bytes`)."""
+    """How an encoder load runs apart from what it loads: the steps, the host memory it may
+    take (as `DiTOptions.host_bytes`), and `adopt` (False copies every tensor, as
+    `DiTOptions.adopt`: the benchmark's copy path)."""
 
     steps: EncoderSteps = REFERENCE_ENCODER_STEPS
     host_bytes: int | None = None
+    adopt: bool = True
 
 
 ENCODER_DEFAULTS = EncoderOptions()
@@ -149,18 +180,16 @@ def load_encoder(
     started = time.perf_counter()
     clock = StepClock()
     steps = options.steps
-    dit_options = DiTOptions(host_bytes=options.host_bytes, steps=steps.dit)
+    dit_options = DiTOptions(host_bytes=options.host_bytes, steps=steps.dit, adopt=options.adopt)
     with clock.step("open"):
         written = open_checkpoint(checkpoint)
         host_bytes = host_room(
             written, plan.checkpoint_load_device, dit_options, component=component
         )
     with clock.step("build"):
-        module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
-        steps.tie(module, model.ties(module), component=component)
-        cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
-        opened, twins = tied_names(written, module)
-        steps.dit.check_names(module, set(opened.tensors), component=component, files=opened.files)
+        module, opened, twins = build_tied_encoder(
+            model, written, dtype=dtype, component=component, steps=steps
+        )
         check_twins(written, twins, component=component)
     records = place_tensors(
         module,

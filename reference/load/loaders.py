@@ -22,6 +22,7 @@ module above it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import time
@@ -34,16 +35,25 @@ import torch
 from torch import nn
 
 from reference.errors import ComponentCheckpointUnsupportedError, ComponentLoadError, LoadError
-from reference.load.dit import load_dit
-from reference.load.encoder import ENCODER_DEFAULTS, EncoderModel, EncoderOptions, load_encoder
+from reference.load.dit import DIT_DEFAULTS, DiTOptions, build_dit, load_dit
+from reference.load.encoder import (
+    ENCODER_DEFAULTS,
+    EncoderModel,
+    EncoderOptions,
+    build_tied_encoder,
+    load_encoder,
+)
 from reference.load.ordinary import load_ordinarily
-from reference.load.vae import load_vae
+from reference.load.pipeline_memory import ComponentNeeds, check_shapes, component_needs
+from reference.load.vae import VAE_DEFAULTS, build_vae, load_vae
 from reference.place import diffusers_models, transformers_models
 from reference.place.adopt import LinearKinds
-from reference.place.build import build_module
+from reference.place.build import build_module, build_on_meta
+from reference.place.cast import cast_slots
+from reference.place.host_memory import construction_guard
 from reference.place.records import TensorRecord
 from reference.read import preflight
-from reference.read.checkpoint import hidden_files, open_checkpoint, skipped_notes
+from reference.read.checkpoint import Checkpoint, hidden_files, open_checkpoint, skipped_notes
 from reference.report.summary import LoadReport
 from reference.request.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
 from reference.request.args import QUANTIZATION_FLAG, ServerArgs
@@ -69,6 +79,7 @@ __all__ = [
     "EncoderLoader",
     "LoadRequest",
     "LoadedComponent",
+    "PreparedComponent",
     "TransformerLoader",
     "VAELoader",
     "VocoderLoader",
@@ -122,6 +133,9 @@ class LoadRequest:
         quantization: the quantization in force (after overrides), or None.
         plan: the weight-load plan.
         dtype: the component's precision (PREC-1, `ServerArgs.precision_for`).
+        prebuilt: the module `ComponentLoader.prepare` already built on meta for this load
+            (slots in their final dtypes, checked against the headers), which the load fills
+            instead of building again; None: the load builds it.
     """
 
     component: ComponentSpec
@@ -131,6 +145,7 @@ class LoadRequest:
     quantization: QuantizationSpec | None
     plan: WeightLoadPlan
     dtype: torch.dtype
+    prebuilt: nn.Module | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,15 @@ class LoadedComponent:
     name: str
     module: nn.Module
     report: LoadReport
+
+
+@dataclass(frozen=True)
+class PreparedComponent:
+    """A component whose load is decided and checked, none of its tensor data read yet
+    (`ComponentLoader.prepare`): the request to load it with, and what it will hold."""
+
+    request: LoadRequest
+    needs: ComponentNeeds
 
 
 class ComponentLoader(ABC):
@@ -204,9 +228,16 @@ class ComponentLoader(ABC):
             LoadError: from the subclass's loading, naming what is at fault.
             ComponentLoadError: anything else that failed inside the load, naming the component.
         """
+        return self.load_request(self.request_for(component, args, direct=direct))
+
+    def request_for(
+        self, component: ComponentSpec, args: ServerArgs, *, direct: bool
+    ) -> LoadRequest:
+        """The decisions for one admitted component, in order: FSDP, the quantization in
+        force, the plan and the precision (nothing is built or read)."""
         fsdp = self.fsdp_enabled(component, args)
         quantization = self.quantization_for(component, args)
-        request = LoadRequest(
+        return LoadRequest(
             component=component,
             args=args,
             direct=direct,
@@ -215,6 +246,80 @@ class ComponentLoader(ABC):
             plan=self.plan_for(component, args, quantization=quantization, direct=direct),
             dtype=self.precision_for(component, args),
         )
+
+    def prepare(
+        self, component: ComponentSpec, args: ServerArgs, *, direct: bool
+    ) -> PreparedComponent:
+        """Everything of an admitted component's load that can refuse it without reading tensor
+        data (PIPE-2): the decisions (`request_for`), the headers, the build on meta the load
+        will fill (`build_checked`), the checkpoint's names and shapes against its slots
+        (CKPT-3), and what it will hold where it ends up (for the pipeline's memory preflight).
+        A direct load's device check (DG-6) runs again when it loads.
+
+        Raises:
+            LoadError: a refusal, naming the component.
+            ComponentLoadError: anything else that failed in the build, naming the component.
+        """
+        request = self.request_for(component, args, direct=direct)
+        try:
+            module, checkpoint = self.build_checked(request)
+            check_shapes(module, checkpoint, component=component.name)
+        except LoadError:
+            raise
+        except Exception as exc:
+            raise ComponentLoadError(component.name, exc, folder=str(component.folder)) from exc
+        offloaded = args.is_cpu_offloaded(component.name) or request.plan.defer_cpu_offload
+        needs = component_needs(
+            module,
+            checkpoint,
+            component=component.name,
+            device=torch.device("cpu") if offloaded else args.device,
+            load_device=request.plan.checkpoint_load_device,
+            adopts=self.adopts(request),
+        )
+        prebuilt = module if self.reuses_build(request) else None
+        return PreparedComponent(dataclasses.replace(request, prebuilt=prebuilt), needs)
+
+    def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
+        """The component built on meta as its load will build it (slots in their final
+        dtypes), within the host memory its checkpoint explains (CKPT-6), and its checkpoint's
+        headers as the slots name them. The base builds on meta what the ordinary way builds
+        for real (`ordinary_builder`): a check, not the module the load fills (`reuses_build`).
+
+        Raises:
+            LoadError: the build is refused (host memory, a class that cannot be built).
+        """
+        spec = request.component
+        checkpoint = open_checkpoint(spec.folder)
+        with construction_guard(spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=False):
+            module = build_on_meta(
+                self.ordinary_builder(spec), component=spec.name, dtype=request.dtype
+            )
+        cast_slots(module, request.dtype)
+        return module, checkpoint
+
+    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """The build the ordinary way runs (the registered class from its config.json)."""
+        return self.registered_builder(spec)
+
+    def reuses_build(self, request: LoadRequest) -> bool:
+        """Whether the load fills the module `build_checked` made (a meta build), rather than
+        building its own (the ordinary way builds for real)."""
+        return False
+
+    def adopts(self, request: LoadRequest) -> bool:
+        """Whether the load may keep CPU tensors as views of the files (zero-copy): the
+        memory preflight then counts them as the files' pages, not the process's."""
+        return False
+
+    def load_request(self, request: LoadRequest) -> LoadedComponent:
+        """Load one component as `request` decided it (`request_for`, or `prepare`'s request
+        with the module it built): `load_component`, timed, and its report.
+
+        Raises:
+            As `load_admitted`.
+        """
+        component = request.component
         start = time.perf_counter()
         try:
             module, records = self.load_component(request)
@@ -375,9 +480,11 @@ class TransformerLoader(ComponentLoader):
         registry: ModelRegistry | None = None,
         platform: Platform = SYSTEM,
         kinds: LinearKinds | None = None,
+        options: DiTOptions = DIT_DEFAULTS,
     ) -> None:
         super().__init__(registry=registry, platform=platform)
         self.kinds = kinds
+        self.options = options
 
     def quantization_for(
         self, component: ComponentSpec, args: ServerArgs
@@ -426,16 +533,39 @@ class TransformerLoader(ComponentLoader):
             f" {fix}, or load a class built with quantized linear layers"
         )
 
+    def construct(self, request: LoadRequest) -> tuple[DiTModel, Callable[[], nn.Module]]:
+        """The component's model and the zero-argument build its load runs: the class with
+        the quantization in force where it takes one."""
+        spec = request.component
+        model = self.model_for(spec)
+        if takes_quantization(model.cls):
+            return model, functools.partial(
+                build_module, model.cls, spec, quantization=request.quantization
+            )
+        return model, model.construct
+
+    def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
+        spec = request.component
+        checkpoint = open_checkpoint(spec.folder)
+        _, construct = self.construct(request)
+        module = build_dit(
+            construct, component=spec.name, dtype=request.dtype, checkpoint=checkpoint
+        )
+        return module, checkpoint
+
+    def reuses_build(self, request: LoadRequest) -> bool:
+        return True
+
+    def adopts(self, request: LoadRequest) -> bool:
+        return self.options.adopt and not request.direct
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
         if request.direct:
             check_direct_memory(request, self.platform)
-        model = self.model_for(spec)
-        construct = model.construct
-        if takes_quantization(model.cls):
-            construct = functools.partial(
-                build_module, model.cls, spec, quantization=request.quantization
-            )
+        model, construct = self.construct(request)
+        if request.prebuilt is not None:
+            construct = functools.partial(_prebuilt, request.prebuilt)
         module, report = load_dit(
             construct,
             spec.folder,
@@ -445,6 +575,7 @@ class TransformerLoader(ComponentLoader):
             fsdp=request.fsdp,
             component=spec.name,
             dtype=request.dtype,
+            options=self.options,
         )
         return module, list(report.records)  # load_dit returns it in eval mode
 
@@ -477,12 +608,35 @@ class VAELoader(ComponentLoader):
         """
         self.model_builder(component)
 
+    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        return self.model_builder(spec)
+
+    def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
+        if not request.direct:
+            return super().build_checked(request)
+        spec = request.component
+        checkpoint = open_checkpoint(spec.folder)
+        module = build_vae(
+            self.model_builder(spec),
+            checkpoint,
+            component=spec.name,
+            config=spec.config,
+            dtype=request.dtype,
+            steps=VAE_DEFAULTS.steps,
+        )
+        return module, checkpoint
+
+    def reuses_build(self, request: LoadRequest) -> bool:
+        return request.direct
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
         build = self.model_builder(spec)
         if not request.direct:
             return ordinarily(request, build=build)
         check_direct_memory(request, self.platform)
+        if request.prebuilt is not None:
+            build = functools.partial(_prebuilt, request.prebuilt)
         module, report = load_vae(
             build,
             spec.folder,
@@ -555,10 +709,30 @@ class EncoderLoader(ComponentLoader):
         stored = stored_dtype((info.dtype, info.nbytes) for info in checkpoint.tensors.values())
         return args.encoder_precision(component.name, stored=stored or torch.float32)
 
+    def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
+        spec = request.component
+        module, opened, _twins = build_tied_encoder(
+            self.model_for(spec),
+            open_checkpoint(spec.folder),
+            dtype=request.dtype,
+            component=spec.name,
+            steps=self.options.steps,
+        )
+        return module, opened
+
+    def reuses_build(self, request: LoadRequest) -> bool:
+        return True
+
+    def adopts(self, request: LoadRequest) -> bool:
+        return self.options.adopt
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
+        model = self.model_for(spec)
+        if request.prebuilt is not None:
+            model = dataclasses.replace(model, build=functools.partial(_prebuilt, request.prebuilt))
         module, report = load_encoder(
-            self.model_for(spec),
+            model,
             spec.folder,
             plan=request.plan,
             dtype=request.dtype,
@@ -566,3 +740,8 @@ class EncoderLoader(ComponentLoader):
             options=self.options,
         )
         return module, list(report.records)  # load_encoder returns it in eval mode
+
+
+def _prebuilt(module: nn.Module) -> nn.Module:
+    """The build of a load whose module `ComponentLoader.prepare` built already."""
+    return module

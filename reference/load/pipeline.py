@@ -1,34 +1,53 @@
-"""Loading a whole pipeline: admit once, then each component through its loader.
+"""Loading a whole pipeline: every refusal first, then every component at once, all or nothing.
 
-    read_pipeline -> admit (pipeline gate, arguments gate) -> loader_for(component).load
-    (loader gate first) -> plan -> checkpoint -> adopt / stream / copy -> post-load -> report
+    read_pipeline -> admit (pipeline gate, arguments gate) -> for every component: its loader's
+    gate, decisions, meta build and headers against slots -> one memory preflight per device
+    -> the components load concurrently (`reference.load.together`), each through its loader
+    -> the components in declared order, or the first failure with nothing kept
 
 `load_pipeline` returns every component loaded, or raises; a caller never holds a pipeline with
-some components missing.
+some components missing, and a pipeline too big for a device is refused before any tensor of
+any component is read (PIPE-1..4).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from reference.errors import LoadError
+from reference.errors import ArgumentError, LoadError
+from reference.load.dit import DiTOptions
+from reference.load.encoder import EncoderOptions
 from reference.load.loaders import (
     ComponentLoader,
     EncoderLoader,
     LoadedComponent,
+    PreparedComponent,
     TransformerLoader,
     VAELoader,
     VocoderLoader,
     loader_kind,
 )
+from reference.load.pipeline_memory import check_pipeline_memory
+from reference.load.together import run_together
 from reference.request.admission import admit
 from reference.request.args import ServerArgs
 from reference.request.model_index import ModelRegistry, Pipeline, read_pipeline
 from reference.request.platform import SYSTEM, Platform
 
-__all__ = ["LOADERS", "iter_load", "load_pipeline", "loader_for", "not_loaded"]
+__all__ = [
+    "LOADERS",
+    "PIPELINE_DEFAULTS",
+    "PipelineOptions",
+    "iter_load",
+    "load_pipeline",
+    "loader_for",
+    "not_loaded",
+    "prepare_pipeline",
+]
 
 LOADERS: dict[str, type[ComponentLoader]] = {
     "transformer": TransformerLoader,
@@ -40,14 +59,98 @@ LOADERS: dict[str, type[ComponentLoader]] = {
 
 
 def loader_for(
-    component: str, *, registry: ModelRegistry | None = None, platform: Platform = SYSTEM
+    component: str,
+    *,
+    registry: ModelRegistry | None = None,
+    platform: Platform = SYSTEM,
+    adopt: bool = True,
 ) -> ComponentLoader:
-    """A loader instance for `component`.
+    """A loader instance for `component`; `adopt` False: its DiT or encoder copies every
+    tensor (`DiTOptions.adopt`, the benchmark's copy path).
 
     Raises:
         LoadError: for a component no loader kind covers.
     """
-    return LOADERS[loader_kind(component)](registry=registry, platform=platform)
+    kind = loader_kind(component)
+    if kind == "transformer" and not adopt:
+        return TransformerLoader(
+            registry=registry, platform=platform, options=DiTOptions(adopt=False)
+        )
+    if kind == "encoder" and not adopt:
+        return EncoderLoader(
+            registry=registry, platform=platform, options=EncoderOptions(adopt=False)
+        )
+    return LOADERS[kind](registry=registry, platform=platform)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions:
+    """How a whole-pipeline load runs, apart from what it loads.
+
+    Attributes:
+        concurrency: components loading at the same time at most (1: one after another).
+            Measured on a 2-core machine (see the module docstring): 3 loads a DiT, a text
+            encoder and a VAE as fast as more threads, and a pipeline has rarely more
+            weight-bearing components.
+        adopt: False copies every tensor of the DiTs and encoders, eligible for zero-copy or
+            not (the benchmark's copy path, as `DiTOptions.adopt`).
+    """
+
+    concurrency: int = 3
+    adopt: bool = True
+
+    def __post_init__(self) -> None:
+        value = self.concurrency
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(
+                f"PipelineOptions.concurrency must be an int of at least 1, not {value!r}"
+            )
+
+
+PIPELINE_DEFAULTS = PipelineOptions()
+
+
+def prepare_pipeline(
+    root: str | os.PathLike[str],
+    args: ServerArgs,
+    *,
+    components: Sequence[str] | None = None,
+    registry: ModelRegistry | None = None,
+    platform: Platform = SYSTEM,
+    adopt: bool = True,
+) -> list[tuple[ComponentLoader, PreparedComponent]]:
+    """Everything that can refuse the load of the pipeline at `root` without reading tensor
+    data, for every component, before the first tensor of any is read (PIPE-2): the pipeline
+    and arguments gates (ADM-1, ADM-2), each loader's own gate and class (ADM-3, TE-4), the
+    decisions and precisions, each component's build on meta and its headers against its slots
+    (CKPT-3), then one memory preflight per device for all of them together
+    (`reference.load.pipeline_memory.check_pipeline_memory`).
+
+    Returns:
+        Each component to load with its loader, in model_index.json order.
+
+    Raises:
+        ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError,
+            StateMismatchError, HostMemoryError, DeviceMemoryError: a refusal, before any
+            tensor data is read.
+    """
+    args = args.on_platform(platform)
+    pipeline = read_pipeline(Path(root))
+    admit(pipeline, args, platform=platform)
+    names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
+    loaders = [
+        (name, loader_for(name, registry=registry, platform=platform, adopt=adopt))
+        for name in names
+    ]
+    direct = {name: loader.admit(pipeline.component(name), args) for name, loader in loaders}
+    prepared = [
+        (loader, loader.prepare(pipeline.component(name), args, direct=direct[name]))
+        for name, loader in loaders
+    ]
+    check_pipeline_memory(
+        [item.needs for _, item in prepared], platform=platform, pipeline=str(root)
+    )
+    return prepared
 
 
 def iter_load(
@@ -58,26 +161,18 @@ def iter_load(
     registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
 ) -> Iterator[LoadedComponent]:
-    """`load_pipeline`, one component at a time.
+    """`load_pipeline`, one component at a time, in declared order.
 
-    Admission runs now, before this returns, for every component, once: the pipeline and
-    arguments gates, then each loader's own `admit` (its direct-loading gate, and its class
-    resolves, importing the model library if it is one, and takes the quantization in force).
-    The returned iterator only loads.
+    `prepare_pipeline` runs now, before this returns: every refusal that needs no tensor data
+    comes first, for every component (PIPE-2). The returned iterator only loads.
 
     Raises:
-        ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError: refused requests.
+        As `prepare_pipeline`.
     """
-    args = args.on_platform(platform)
-    pipeline = read_pipeline(Path(root))
-    admit(pipeline, args, platform=platform)
-    names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
-    loaders = [(name, loader_for(name, registry=registry, platform=platform)) for name in names]
-    direct = {name: loader.admit(pipeline.component(name), args) for name, loader in loaders}
-    return (
-        loader.load_admitted(pipeline.component(name), args, direct=direct[name])
-        for name, loader in loaders
+    prepared = prepare_pipeline(
+        root, args, components=components, registry=registry, platform=platform
     )
+    return (loader.load_request(item.request) for loader, item in prepared)
 
 
 def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
@@ -114,28 +209,48 @@ def load_pipeline(
     components: Sequence[str] | None = None,
     registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
+    options: PipelineOptions = PIPELINE_DEFAULTS,
 ) -> tuple[LoadedComponent, ...]:
-    """Admit `args` for the pipeline at `root`, then load its components in declared order.
+    """Load the pipeline at `root` whole: every refusal first, then the components at the same
+    time, all or nothing (PIPE-1..4).
 
     Args:
         root: the pipeline directory (model_index.json and one folder per component).
         args: the loading options; without a runtime device, cuda:0 when `platform` reports
             CUDA, else the CPU.
         components: which components to load (default: every declared component that a loader
-            covers; others, such as schedulers and tokenizers, are not weights and are skipped).
+            covers; others, such as schedulers and tokenizers, are not weights: `not_loaded`).
         registry: where model classes are resolved.
-        platform: CUDA facts for admission and the memory preflight.
+        platform: CUDA facts for admission, free device and host memory for the preflight.
+        options: how many components load at once (`PipelineOptions`).
 
     Returns:
-        The loaded components, in model_index.json order.
+        The loaded components, in model_index.json order, each what loading it alone gives.
 
     Raises:
-        ComponentCheckpointUnsupportedError, ArgumentError: a refused request, before any
-            weight is read.
-        LoadError: any failure while loading, naming the component (`ComponentLoadError` for
-            one that torch, the OS or the model class raised).
+        ComponentCheckpointUnsupportedError, ArgumentError, CheckpointError,
+            StateMismatchError, HostMemoryError, DeviceMemoryError: a refusal, before any
+            tensor data of any component is read (`prepare_pipeline`).
+        LoadError: the first component that failed while loading, as it raised (a refusal's
+            type, or `ComponentLoadError` for one that torch, the OS or the model class
+            raised), naming it; the other components were stopped and nothing was kept.
     """
-    return tuple(iter_load(root, args, components=components, registry=registry, platform=platform))
+    prepared = prepare_pipeline(
+        root,
+        args,
+        components=components,
+        registry=registry,
+        platform=platform,
+        adopt=options.adopt,
+    )
+    jobs = [functools.partial(loader.load_request, item.request) for loader, item in prepared]
+    names = [item.request.component.name for _, item in prepared]
+    del prepared  # the jobs hold the modules now: a failure must leave nothing else holding them
+    try:
+        return tuple(run_together(jobs, names=names, concurrency=options.concurrency))
+    except BaseException:
+        jobs.clear()
+        raise
 
 
 def _has_loader(component: str) -> bool:

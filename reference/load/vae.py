@@ -60,8 +60,10 @@ from reference.read.checkpoint import (
     open_checkpoint,
     skipped_notes,
 )
+from reference.read.engine import CopyEngine, engine_for
 from reference.read.pool import PooledReader
 from reference.read.reading import ReadOptions, pool_options
+from reference.read.staging import StagingReader
 from reference.report.summary import LoadReport
 from reference.request.plan import WeightLoadPlan
 from reference.request.quantization import QuantizationSpec
@@ -77,6 +79,7 @@ __all__ = [
     "refuse_beyond_room",
     "refuse_quantized_metadata",
     "refuse_unsupported_config",
+    "staging_reader",
     "stream_tensors",
     "vae_reader",
 ]
@@ -158,13 +161,45 @@ def vae_reader(
     return PooledReader(checkpoint, pool, pooled=pooled, streaming=True, buffers_kept=True)
 
 
+def staging_reader(
+    checkpoint: Checkpoint,
+    slots: Mapping[str, Slot],
+    *,
+    reading: ReadOptions | None,
+    device: torch.device,
+    steps: VAESteps,
+    component: str,
+) -> TensorReader:
+    """The reader of a VAE streamed onto a device (DG-8): `steps.staging` reads every tensor
+    through a bounded ring of host buffers onto `device` with `steps.engine` (the device's own
+    by default), each into one fresh tensor of its file's dtype. A tensor already in its slot's
+    dtype and shape becomes the slot's tensor (read ahead freely); the others are converted,
+    one at a time (PREC-5)."""
+    kept = {
+        name
+        for name, info in checkpoint.tensors.items()
+        if name in slots and slots[name].dtype == info.dtype and slots[name].shape == info.shape
+    }
+    return steps.staging(
+        checkpoint,
+        engine=engine_for(device) if steps.engine is None else steps.engine,
+        device=device,
+        options=ReadOptions() if reading is None else reading,
+        kept=kept,
+        component=component,
+    )
+
+
 @dataclass(frozen=True)
 class VAESteps:
     """The steps of `load_vae` a caller may replace, each with the reference's default, in the
     order they run: build, buffer refusal, slot checks, preflight, reader, stream, buffer
     rebuild, state check. A loader that differs in one step passes its own. `reader` None is
-    the reference's choice (`vae_reader`, tuned by `VAEOptions.reading`); a reader given here
-    reads every load, whatever `reading` says."""
+    the reference's choice (`staging_reader` onto a device, else `vae_reader`, tuned by
+    `VAEOptions.reading`); a reader given here reads every load, whatever `reading` says.
+    `staging` makes the staging reader (`reference.read.staging.StagingReader`'s signature)
+    with `engine` as its copy engine: None is the device's own (`engine_for`); an engine given
+    here (a test's `DelayedEngine`) stages a stream onto the CPU too."""
 
     build: Callable[..., nn.Module] = build_on_meta
     refuse_buffers: Callable[..., tuple[str, ...]] = refuse_unrebuildable_buffers
@@ -174,6 +209,8 @@ class VAESteps:
     stream: Callable[..., tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]] = stream
     rebuild_buffers: Callable[..., tuple[str, ...]] = rebuild_non_persistent_buffers
     check_state_kept: Callable[..., None] = check_state_kept
+    staging: Callable[..., TensorReader] = StagingReader
+    engine: CopyEngine | None = None
 
 
 REFERENCE_VAE_STEPS = VAESteps()
@@ -184,11 +221,14 @@ class VAEOptions:
     """How a VAE load runs, apart from what it loads: the benchmark's knobs and the steps.
 
     Attributes:
-        reading: how the files are read (`reference.read.reading.ReadOptions`); None is the
-            default: one tensor at a time from the file's map (`StreamingReader`). Given options
-            (`workers` of 1 or more) read through the bounded reader pool: K tensors or B bytes
-            read ahead, each buffer becoming its slot's tensor onto the CPU where no conversion
-            is needed, so memory holds the module and at most the window.
+        reading: how the files are read (`reference.read.reading.ReadOptions`). Onto a device
+            (or with an engine in the steps) the stream goes through the staging reader
+            (`staging_reader`) with these options, `ReadOptions()` by default. Onto the CPU,
+            None is the default: one tensor at a time from the file's map (`StreamingReader`);
+            given options (`workers` of 1 or more) read through the bounded reader pool: K
+            tensors or B bytes read ahead, each buffer becoming its slot's tensor where no
+            conversion is needed, so memory holds the module and at most the window.
+            `workers=0` reads from the map on any device.
         host_bytes: the host memory the load may take (default: what the host has available).
             A CPU load whose slots need more is refused after the preflight, before any tensor
             is read.
@@ -268,7 +308,9 @@ def load_vae(
     slots = state_slots(module, component=component, checks=steps.slot_checks)
     plan = steps.preflight(checkpoint, slots, component=component)
     refuse_beyond_room(slots, plan, device=device, options=options, component=component)
-    records, filled = stream_tensors(checkpoint, slots, plan, device=device, options=options)
+    records, filled = stream_tensors(
+        checkpoint, slots, plan, device=device, options=options, component=component
+    )
     buffers = steps.rebuild_buffers(module, device=device, component=component)
     steps.check_state_kept(module, filled, component=component)
     policy = apply_vae_policy(
@@ -342,13 +384,22 @@ def stream_tensors(
     *,
     device: torch.device,
     options: VAEOptions,
+    component: str = "vae",
 ) -> tuple[tuple[TensorRecord, ...], dict[str, torch.Tensor]]:
     """Every tensor the preflight planned, streamed into its slot on `device` through the
-    steps' reader (the reference's `vae_reader` by default); the reader is closed either way.
-    Returns one record per tensor and the tensors each slot was given."""
+    steps' reader (the reference's by default: `staging_reader` onto a device or with an
+    engine in the steps, else `vae_reader`); the reader is closed either way. Returns one
+    record per tensor and the tensors each slot was given."""
     steps = options.steps
+    reading = options.reading
     if steps.reader is not None:
         reader = steps.reader(checkpoint)
+    elif (device.type != "cpu" or steps.engine is not None) and (
+        reading is None or reading.workers
+    ):
+        reader = staging_reader(
+            checkpoint, slots, reading=reading, device=device, steps=steps, component=component
+        )
     else:
         reader = vae_reader(checkpoint, slots, reading=options.reading, device=device)
     try:

@@ -22,6 +22,7 @@ from reference.errors import LISTED, StateMismatchError, listed, shown
 from reference.place.modules import Slot
 from reference.place.records import TensorRecord
 from reference.read.checkpoint import Checkpoint, TensorReader
+from reference.read.staging import StagingReader
 
 __all__ = ["StreamPlan", "fill_slot", "grad_allowed", "preflight", "stream"]
 
@@ -104,20 +105,21 @@ def grad_allowed(dtype: torch.dtype) -> bool:
 def fill_slot(reader: TensorReader, slot: Slot, *, device: torch.device) -> torch.Tensor:
     """Read one checkpoint tensor and assign a fresh copy of it into its slot on `device`.
 
-    The tensor the reader returns (on CPU, a view into the file's private map) is local to this
-    function, so it is gone when the function returns: the slot holds its own storage, converted
-    to the slot's dtype. Where the reader's tensors are fresh buffers of their own
-    (`reader.fresh_names`: the pool's) and one already is what the slot needs (a CPU target, the
-    slot's dtype and shape), it becomes the slot's tensor without a second copy. A parameter
-    keeps its `requires_grad` and Python attributes (VAE-10).
+    The tensor the reader returns (on CPU, a view into the file's private map; from a
+    `StagingReader`, a fresh tensor already on `device`) is local to this function, so it is
+    gone when the function returns: the slot holds its own storage, converted to the slot's
+    dtype on `device` (PREC-5). Where the reader's tensors are fresh buffers of their own
+    (`reader.fresh_names`: the pool's, the staging reader's) and one already is what the slot
+    needs (on `device`, the slot's dtype and shape), it becomes the slot's tensor without a
+    second copy. A parameter keeps its `requires_grad` and Python attributes (VAE-10).
 
     Returns:
         The tensor now held by the slot.
     """
-    source = reader.read(slot.name, device=CPU)
+    source = reader.read(slot.name, device=device if isinstance(reader, StagingReader) else CPU)
     if (
         slot.name in reader.fresh_names
-        and device.type == "cpu"
+        and source.device.type == device.type
         and source.dtype == slot.dtype
         and tuple(source.shape) == slot.shape
         and source.is_contiguous()

@@ -26,7 +26,7 @@ from typing import TextIO
 from reference.errors import ArgumentError, LoadError, shown
 from reference.extras import install_hint
 from reference.load.loaders import LoadedComponent
-from reference.load.pipeline import iter_load, not_loaded
+from reference.load.pipeline import iter_load, load_pipeline, not_loaded
 from reference.read.checkpoint import reading_progress
 from reference.report.memory import STATUS, PeakSampler, can_measure
 from reference.request.args import (
@@ -117,28 +117,28 @@ def load_with_table(
     platform: Platform = SYSTEM,
     measure: bool = False,
 ) -> list[Row]:
-    """Load the pipeline; with `measure`, sample each component's peak anonymous memory growth
-    (a thread reading /proc/self/status while the component loads: only when asked, since it
-    competes with the load it measures).
+    """Load the pipeline whole (`reference.load.pipeline.load_pipeline`: every refusal first,
+    then the components at once, one progress bar for all their bytes); with `measure`, one
+    component after another instead (`iter_load`, the same preflight), sampling each
+    component's peak anonymous memory growth (a thread reading /proc/self/status while it
+    loads: only when asked, since it competes with the load it measures, and concurrent loads
+    would share one figure).
 
     Raises:
         LoadError: any refusal or failure (see reference.load.pipeline.load_pipeline).
     """
-    rows: list[Row] = []
-    components = iter_load(root, args, registry=registry, platform=platform)
     with progress_bar() as update, reading_progress(update):
+        if not measure:
+            loaded = load_pipeline(root, args, registry=registry, platform=platform)
+            return [Row(item, None) for item in loaded]
+        rows: list[Row] = []
+        components = iter_load(root, args, registry=registry, platform=platform)
         while True:
-            if not measure:
-                loaded = next(components, None)
-                if loaded is None:
-                    return rows
-                rows.append(Row(loaded, None))
-                continue
             with PeakSampler() as sampler:
-                loaded = next(components, None)
-            if loaded is None:
+                item = next(components, None)
+            if item is None:
                 return rows
-            rows.append(Row(loaded, sampler.anon_growth))
+            rows.append(Row(item, sampler.anon_growth))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -47,9 +47,11 @@ __all__ = [
     "StreamingReader",
     "TensorInfo",
     "TensorReader",
+    "current_progress",
     "hidden_files",
     "open_checkpoint",
     "read_header",
+    "reading_progress",
     "refuse_pickle",
     "skipped_notes",
     "truncation",
@@ -245,6 +247,12 @@ def reading_progress(callback: Callable[[int], object]) -> Iterator[None]:
         yield
     finally:
         _PROGRESS.reset(token)
+
+
+def current_progress() -> Callable[[int], object] | None:
+    """The `reading_progress` callback in force in this context, if any (a load that runs its
+    readers in threads of its own passes it on to them)."""
+    return _PROGRESS.get()
 
 
 def truncation(info: TensorInfo, size: int) -> str | None:

@@ -35,6 +35,19 @@ the two runs used 3 and 4 threads on 2 cores (`preadv` on one thread 1.16 GiB/s,
 GiB/s), and 6 or 8 workers read a cold 512 MiB file no faster than 4 (0.33-0.34 s against
 0.27 s, side by side, same machine and date). The window only has to keep every worker busy
 where the pool stages buffers for a device: `max_tensors` 16 and `max_bytes` 256 MiB.
+
+Staging (`reference.read.staging`: direct DiT loads, VAE streams onto a device): `staging_bytes`
+4 MiB and `staging_buffers` 8, a 32 MiB ring. Measured on 2026-12-03 on this 2-vCPU machine
+(torch 2.13.0+cpu, no CUDA device), a 256 MiB bench DiT checkpoint read through the ring into
+fresh CPU tensors by the synchronous engine (`CpuEngine(in_place=False)`), default workers,
+medians of 5, under a load average of 4.3 to 5.9 from other work (noisy): two passes gave, warm
+and cold, 4 MiB x 4 0.083 / 0.225 s and 0.124 / 0.269 s; 4 MiB x 8 0.103 / 0.209 s; 2 MiB x 4
+0.137 / 0.217 s; 8 MiB x 4 0.157 / 0.244 s; 16 MiB x 2, x 4, x 8 0.180 / 0.282, 0.175-0.193 /
+0.270-0.404 and 0.191 / 0.494 s; 64 MiB x 2 and x 4 0.290 / 0.609 and 0.423 / 0.581 s; reading
+in place (no ring) 0.066-0.122 / 0.195-0.215 s. More, smaller buffers keep every reader thread
+busy; 4 MiB x 8 was the best cold and near the best warm. The copy into device memory (a DMA
+on CUDA) is not measured here. (Command: a script timing `StagingReader` over the bench
+checkpoint; `uptime` before and after.)
 """
 
 from __future__ import annotations
@@ -53,6 +66,9 @@ from reference.read.checkpoint import TensorReader
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_TENSORS",
+    "DEFAULT_STAGING_BUFFERS",
+    "DEFAULT_STAGING_BYTES",
+    "DIRECT_IO_ALIGNMENT",
     "InOrder",
     "ReadOptions",
     "default_workers",
@@ -63,6 +79,10 @@ __all__ = [
 MIB = 1024 * 1024
 DEFAULT_MAX_TENSORS = 16
 DEFAULT_MAX_BYTES = 256 * MIB
+DEFAULT_STAGING_BYTES = 4 * MIB
+DEFAULT_STAGING_BUFFERS = 8
+# O_DIRECT reads need the buffer's address, the file offset and the length aligned to this.
+DIRECT_IO_ALIGNMENT = 4096
 
 
 def default_workers() -> int:
@@ -97,11 +117,22 @@ class ReadOptions:
             reads every tensor the load selects through the pool, warm or cold: measured
             faster warm where the buffers are kept (see the module's docstring); True may
             spare a staging copy where the pool stages for a device (unmeasured).
+        staging_bytes: the size of each staging buffer of a staging read (direct DiT loads, VAE
+            streams onto a device: `reference.read.staging`); a tensor larger than a buffer is
+            split across buffers, small ones are packed into one.
+        staging_buffers: how many staging buffers the ring holds: with `staging_bytes`, the
+            bound on the host memory a staging read holds beside its tensors (DG-8). Its
+            `workers` reader threads fill them (at least one thread where `workers` is 0).
+        o_direct: staging reads open the files with `O_DIRECT` (no page cache), reading
+            aligned ranges into aligned buffers; `staging_bytes` must then be a multiple of
+            `DIRECT_IO_ALIGNMENT`. A file system that refuses `O_DIRECT` fails the load naming
+            the file. Reads straight into host destinations (onto the CPU) stay buffered.
 
     Raises:
         ArgumentError: naming the field: a count that is not an int (bools refused), `workers`
-            below 0, `max_tensors` or `max_bytes` below 1, `prefetch` or `map_when_cached` not a
-            bool, or `prefetch` with `workers=0`.
+            below 0, `max_tensors`, `max_bytes`, `staging_bytes` or `staging_buffers` below 1,
+            `prefetch`, `map_when_cached` or `o_direct` not a bool, `prefetch` with
+            `workers=0`, or `o_direct` with an unaligned `staging_bytes`.
     """
 
     workers: int = field(default_factory=default_workers)
@@ -109,15 +140,25 @@ class ReadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
     prefetch: bool = False
     map_when_cached: bool = False
+    staging_bytes: int = DEFAULT_STAGING_BYTES
+    staging_buffers: int = DEFAULT_STAGING_BUFFERS
+    o_direct: bool = False
 
     def __post_init__(self) -> None:
-        for name, least in (("workers", 0), ("max_tensors", 1), ("max_bytes", 1)):
+        counts = (
+            ("workers", 0),
+            ("max_tensors", 1),
+            ("max_bytes", 1),
+            ("staging_bytes", 1),
+            ("staging_buffers", 1),
+        )
+        for name, least in counts:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ArgumentError(f"ReadOptions.{name} must be an int, not {value!r}")
             if value < least:
                 raise ArgumentError(f"ReadOptions.{name} must be at least {least}, not {value}")
-        for flag in ("prefetch", "map_when_cached"):
+        for flag in ("prefetch", "map_when_cached", "o_direct"):
             value = getattr(self, flag)
             if not isinstance(value, bool):
                 raise ArgumentError(f"ReadOptions.{flag} must be a bool, not {value!r}")
@@ -126,6 +167,18 @@ class ReadOptions:
                 "ReadOptions.prefetch needs threads to populate the map in the background;"
                 " give workers of at least 1"
             )
+        if self.o_direct and self.staging_bytes % DIRECT_IO_ALIGNMENT:
+            raise ArgumentError(
+                f"ReadOptions.staging_bytes must be a multiple of {DIRECT_IO_ALIGNMENT} with"
+                f" o_direct, not {self.staging_bytes}"
+            )
+
+    @property
+    def staging_bound(self) -> int:
+        """The host bytes a staging read's buffers take at most (DG-8); with `o_direct` each
+        buffer holds `DIRECT_IO_ALIGNMENT` more, to align its start."""
+        slack = DIRECT_IO_ALIGNMENT if self.o_direct else 0
+        return (self.staging_bytes + slack) * self.staging_buffers
 
 
 def pool_options(
@@ -140,7 +193,9 @@ def pool_options(
     module's docstring). Given options use the pool for every load that copies every tensor,
     on any device, unless `workers` is 0. Onto a device other than the CPU the pool's host
     buffers are copied to the device: host memory then holds the in-flight window (at most
-    `max_bytes`, or one larger tensor) beside the tensor being copied.
+    `max_bytes`, or one larger tensor) beside the tensor being copied. (Direct DiT loads and
+    VAE streams onto a device do not ask: they read through the staging reader,
+    `reference.read.staging`, unless `workers` is 0.)
     """
     if reading is None:
         return ReadOptions() if load == "dit" and device.type == "cpu" else None

@@ -8,13 +8,21 @@ only at the edges (command line, GPU tier).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from reference.errors import ArgumentError
 
-__all__ = ["SYSTEM", "Platform", "SystemPlatform", "default_runtime_device", "describe"]
+__all__ = [
+    "SYSTEM",
+    "Platform",
+    "SystemPlatform",
+    "default_runtime_device",
+    "describe",
+    "host_available_bytes",
+]
 
 
 @runtime_checkable
@@ -31,6 +39,10 @@ class Platform(Protocol):
 
     def free_device_memory(self, device: torch.device) -> int:
         """Free bytes on `device` right now. Raises ArgumentError for a non-CUDA device."""
+        ...
+
+    def available_host_memory(self) -> int | None:
+        """Bytes of host memory this process can still take (None: not known, no check)."""
         ...
 
 
@@ -51,6 +63,31 @@ class SystemPlatform:
             )
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
+
+    def available_host_memory(self) -> int | None:
+        return host_available_bytes()
+
+
+def host_available_bytes(
+    *, meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """Bytes the host can give this process now: MemAvailable, lowered to what the cgroup
+    (v2 `memory.max` - `memory.current`) still allows; None where neither is known."""
+    found: list[int] = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text())
+            found.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 SYSTEM = SystemPlatform()

@@ -162,6 +162,8 @@ CPU_PATHS = [
 ]
 MOVES_NOTHING = ("dit_copy_refused", "wan14b_guarded", "wan14b_unguarded")
 """Paths that load no checkpoint: a refusal, and the constructions measured alone."""
+CONVERTS = ("pipe_pretrained",)
+"""Paths that convert some tensors to a narrower dtype (diffusers' torch_dtype: the VAE too)."""
 LIMIT_FAMILIES = ("preadv_", "map_copy_")
 """Read limits at several thread counts: one count of each runs in the unit tier."""
 
@@ -197,7 +199,8 @@ def test_each_cpu_path_reports_its_figures(
     moved = result["adopted"] + result["copied"] + result["streamed"]
     # the refused copy path moves nothing (test_the_refused_copy_path_is_refused...), nor does
     # a construction alone
-    assert moved >= (0 if path in MOVES_NOTHING else facts[spec.model]["bytes"])
+    least = 0 if path in MOVES_NOTHING else facts[spec.model]["bytes"]
+    assert moved >= (least // 2 if path in CONVERTS else least)
     keys = {"anon_peak", "file_peak_read"} if mode == "memory" else {"load_s", "resident_s"}
     assert keys | {"cached"} <= set(result)
     if path.startswith("dit_") and path != "dit_copy_refused" and mode == "time":

@@ -48,5 +48,5 @@ def test_describe_names_torch_and_cuda_build() -> None:
 def test_rules_command_prints_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rules"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 81
+    assert len(out) == 86
     assert out[0].startswith("PLAN-1  MUST")

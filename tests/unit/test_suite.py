@@ -54,7 +54,7 @@ def test_marker_problems_catch_unknown_missing_and_contradictory() -> None:
 
 def test_catalogue_ids_are_unique_and_well_formed() -> None:
     ids = [rule.id for rule in RULES]
-    assert len(ids) == len(set(ids)) == 81
+    assert len(ids) == len(set(ids)) == 86
     assert {rule.section for rule in RULES} == {
         "PLAN",
         "DEV",
@@ -64,6 +64,7 @@ def test_catalogue_ids_are_unique_and_well_formed() -> None:
         "FP8",
         "ARGS",
         "ADM",
+        "PIPE",
         "VAE",
         "TE",
         "CKPT",

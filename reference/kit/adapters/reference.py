@@ -28,10 +28,13 @@ from reference.kit.seam import (
     TENSOR_PARALLEL,
     TEXT_ENCODERS,
     VAE_STREAM,
+    WHOLE_PIPELINE,
     ZERO_COPY,
     ComponentRequest,
     DitRequest,
     EncoderRequest,
+    LoadedPipeline,
+    PipelineRequest,
     PlanLike,
     ServingOptions,
     StateRequest,
@@ -269,6 +272,28 @@ class ReferenceAdapter(ReferencePlans):
         module: torch.nn.Module = loader.load(spec, args).module
         return module
 
+    def pipeline_options(self) -> load.PipelineOptions:
+        """How this adapter's whole-pipeline loads run (a broken variant may change it)."""
+        return load.PIPELINE_DEFAULTS
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        registry = pipeline_mod.ModelRegistry()
+        for class_name, cls in (request.models or {}).items():
+            registry.register(cls, name=class_name)
+        loaded = load.load_pipeline(
+            request.pipeline_dir,
+            own_server_args(request.args),
+            registry=registry,
+            platform=request.platform,
+            options=self.pipeline_options(),
+        )
+        skipped = load.not_loaded(pipeline_mod.read_pipeline(request.pipeline_dir))
+        return LoadedPipeline(
+            components={item.name: item.module for item in loaded},
+            not_loaded=dict(skipped),
+            reports=tuple(item.report for item in loaded),
+        )
+
     def load_text_encoder(self, request: EncoderRequest) -> torch.nn.Module:
         pipeline = pipeline_mod.read_pipeline(request.pipeline_dir)
         args = own_server_args(request.args).on_platform(request.platform)
@@ -314,6 +339,7 @@ ReferenceAdapter.capabilities = frozenset(
         *(ZERO_COPY, DIRECT_DIT, FP8_DEFER, TENSOR_PARALLEL),
         VAE_STREAM,
         *(CLI_ARGS, ADMISSION, LOADER_SUPPORT, MEMORY_PREFLIGHT, PIPELINES, TEXT_ENCODERS),
+        WHOLE_PIPELINE,
         CHECKPOINT_SAFETY,
     }
 )

@@ -41,7 +41,8 @@ def file_position(tensor: torch.Tensor) -> Position | None:
     with open(MAPS) as f:
         for line in f:
             fields = line.split(maxsplit=5)
-            if len(fields) < 6 or not fields[5].startswith("/"):
+            # Anonymous memory has no path; shared anonymous memory shows as /dev/zero.
+            if len(fields) < 6 or not fields[5].startswith("/") or fields[5].startswith("/dev/"):
                 continue
             start, end = (int(part, 16) for part in fields[0].split("-"))
             if start <= address < end:

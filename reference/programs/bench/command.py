@@ -2,6 +2,10 @@
 
     python -m reference bench [--size-mib N] [--sizes 64,256,...] [--reps R] [--threads T]
                               [--cache warm|cold|both] [--json PATH] [--plot PATH]
+    python -m reference bench --gpu [--size-mib N] [--reps R] [--cache ...] [--json PATH]
+
+`--gpu` runs only the GPU table (`reference.programs.bench.gpu`); the rest of this docstring is
+the CPU table's.
 
 For each size, a DiT and a VAE checkpoint of about N MiB are written into a temporary folder
 (outside every measured run). Each path of `reference.programs.bench.paths.PATHS` then runs R times
@@ -55,6 +59,7 @@ from reference.programs.bench.cache import CACHES
 from reference.programs.bench.paths import (
     DIFFUSERS_FOLDER,
     PATHS,
+    PIPELINE_FOLDER,
     TEXT_ENCODER_FOLDER,
     PathSpec,
     library_missing,
@@ -117,27 +122,57 @@ def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
         BenchShapes,
         write_bench_checkpoints,
         write_diffusers_bench,
+        write_pipeline_bench,
         write_text_encoder_bench,
     )
 
     shapes = BenchShapes.for_bytes(size_mib * MIB)
     dit, vae = write_bench_checkpoints(folder, shapes)
     (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
-    facts = {"size_mib": size_mib, "dit": checkpoint_facts(dit), "vae": checkpoint_facts(vae)}
+    facts: dict[str, Any] = {
+        "size_mib": size_mib,
+        "dit": checkpoint_facts(dit),
+        "vae": checkpoint_facts(vae),
+    }
     if library_missing("diffusers") is None:
         ddit = write_diffusers_bench(folder / DIFFUSERS_FOLDER, size_mib * MIB)
         facts["ddit"] = checkpoint_facts(ddit)
     if library_missing("transformers") is None:
         te = write_text_encoder_bench(folder / TEXT_ENCODER_FOLDER, size_mib * MIB)
         facts["te"] = checkpoint_facts(te)
+        if library_missing("diffusers") is None:
+            pipe = pipeline_facts(write_pipeline_bench(folder / PIPELINE_FOLDER, size_mib * MIB))
+            facts[PIPELINE_FOLDER] = pipe
+            for name, part in pipe["components"].items():
+                facts[f"{PIPELINE_FOLDER}_{name}"] = part
     return facts
 
 
-def unavailable(spec: PathSpec, no_cuda: str | None) -> str | None:
-    """Why a path cannot run here (no CUDA, a missing library or module), or None."""
+def pipeline_facts(root: Path) -> dict[str, Any]:
+    """The bench pipeline's bytes (file and tensor bytes of every component), and each
+    component's."""
+    parts = {
+        folder.name: checkpoint_facts(folder)
+        for folder in sorted(root.iterdir())
+        if any(folder.glob("*.safetensors"))
+    }
+    totals = {
+        key: sum(int(part[key]) for part in parts.values()) for key in ("bytes", "file_bytes")
+    }
+    return totals | {"components": parts}
+
+
+def unavailable(
+    spec: PathSpec, no_cuda: str | None, facts: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why a path cannot run here (no CUDA, a missing library or module, its model's folder
+    not written: the pipeline needs diffusers and transformers), or None."""
     if spec.cuda and no_cuda is not None:
         return no_cuda
-    return library_missing(spec.library)
+    missing = library_missing(spec.library)
+    if missing is None and facts is not None and spec.model not in facts:
+        missing = library_missing("transformers") or f"{spec.model}/ was not written"
+    return missing
 
 
 def tensors_in_flight() -> int:
@@ -217,7 +252,7 @@ def measure_size(
     refused: dict[tuple[str, str], str] = {}
     for _ in range(reps):
         for name, spec in PATHS.items():
-            if unavailable(spec, no_cuda) is not None:
+            if unavailable(spec, no_cuda, facts) is not None:
                 continue
             for cache in (c for c in caches if c in spec.caches):
                 for mode in ("time", "memory"):
@@ -236,7 +271,7 @@ def measure_size(
                     runs.setdefault((name, cache), []).append(result)
     paths: dict[str, dict[str, Any]] = {}
     for name, spec in PATHS.items():
-        reason = unavailable(spec, no_cuda)
+        reason = unavailable(spec, no_cuda, facts)
         if reason is not None:
             paths[name] = {"skipped": reason, "about": spec.about}
             continue
@@ -367,7 +402,8 @@ def bench_command(
     argv: Sequence[str], *, platform: Platform = SYSTEM, runner: Runner | None = None
 ) -> int:
     """`python -m reference bench ...`; returns the exit status (0 also when a target is missed).
-    `runner` runs each job (default: a fresh fork or interpreter per run, `ServerRunner`)."""
+    `runner` runs each job of the CPU table (default: a fresh fork or interpreter per run,
+    `ServerRunner`); `--gpu` runs `reference.programs.bench.gpu.gpu_command`."""
     from reference.programs.bench.report import format_document, plot_available, write_plot
 
     parser = argparse.ArgumentParser(
@@ -378,7 +414,9 @@ def bench_command(
         "--size-mib", type=int, default=DEFAULT_SIZE_MIB, help="checkpoint size (default 512)"
     )
     parser.add_argument("--sizes", type=parse_sizes, help="several sizes in MiB: 64,256,1024")
-    parser.add_argument("--reps", type=int, default=DEFAULT_REPS, help="repetitions (default 5)")
+    parser.add_argument(
+        "--reps", type=int, help="repetitions (default 5; with --gpu, 1: see --gpu)"
+    )
     parser.add_argument(
         "--threads", type=int, help="torch intra-op threads in the runs (default: torch's own)"
     )
@@ -390,23 +428,51 @@ def bench_command(
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG (needs matplotlib)")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="run only the GPU table (needs CUDA; exits 2 without it): the reference's direct"
+        " DiT loads (the bench's DiT and the Wan2.1-T2V-1.3B DiT, 2.8 GB in bf16) and its VAE"
+        " stream onto the device, the peers on the same files (safetensors load_file,"
+        " diffusers from_pretrained; fastsafetensors and InstantTensor where installed) and the"
+        " file-to-device limits, warm and cold, with their ratios and targets. Sized to fit a"
+        " few minutes on one GPU: 1 repetition unless --reps, --size-mib 512 for the bench's"
+        " models, about 20 fresh interpreters of a few seconds each (one per reference or peer"
+        " run, one for all the limit runs)",
+    )
     args = parser.parse_args(argv)
     if not Path("/proc/self/status").exists():
         print("bench: needs Linux (memory figures come from /proc/self/status)", file=sys.stderr)
         return 2
+    if args.gpu:
+        if args.sizes or args.plot or args.threads:
+            parser.error("--gpu takes --size-mib, --reps, --cache and --json only")
+        if min(args.size_mib, 1 if args.reps is None else args.reps) < 1:
+            parser.error("--size-mib and --reps must be at least 1")
+        from reference.programs.bench.gpu import gpu_command
+
+        return gpu_command(
+            argv,
+            size_mib=args.size_mib,
+            reps=args.reps,
+            caches=CACHE_CHOICES[args.cache],
+            json_path=args.json,
+            platform=platform,
+        )
+    reps = DEFAULT_REPS if args.reps is None else args.reps
     if args.plot and not plot_available():
         print(
             f"bench: --plot needs matplotlib; install it: {install_hint('plot')}",
             file=sys.stderr,
         )
         return 2
-    if min(args.size_mib, args.reps, args.threads or 1) < 1:
+    if min(args.size_mib, reps, args.threads or 1) < 1:
         parser.error("--size-mib, --reps and --threads must be at least 1")
     sizes = args.sizes or (args.size_mib,)
     command = shlex.join(["python", "-m", "reference", "bench", *argv])
     document = run_bench(
         sizes,
-        reps=args.reps,
+        reps=reps,
         command=command,
         threads=args.threads,
         caches=CACHE_CHOICES[args.cache],

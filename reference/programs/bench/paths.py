@@ -42,8 +42,9 @@ from reference.errors import HostMemoryError
 from reference.extras import install_hint
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
-from reference.programs.bench import construction, limits
+from reference.programs.bench import construction, limits, pipeline_rows
 from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
+from reference.programs.bench.pipeline_rows import PIPELINE_FOLDER
 from reference.read.reading import ReadOptions
 from reference.report.memory import PeakSampler, resident
 from reference.report.summary import LoadReport
@@ -54,6 +55,7 @@ __all__ = [
     "DIFFUSERS_FOLDER",
     "MODES",
     "PATHS",
+    "PIPELINE_FOLDER",
     "TEXT_ENCODER_FOLDER",
     "Job",
     "Loaded",
@@ -71,6 +73,8 @@ __all__ = [
     "module_tensors",
     "pinned_h2d",
     "pinned_host",
+    "pipeline",
+    "pipeline_pretrained",
     "prefetch_options",
     "read_all",
     "refused_copy",
@@ -163,9 +167,12 @@ class Job:
         return self.folder / model / "model.safetensors"
 
     def files(self, model: str) -> tuple[Path, ...]:
-        """The checkpoint files `model` ("dit", "vae", "ddit", "te") is read from."""
-        if model in (DIFFUSERS_FOLDER, TEXT_ENCODER_FOLDER):
+        """The checkpoint files `model` ("dit", "vae", "ddit", "te", "pipe") is read from."""
+        if model in (DIFFUSERS_FOLDER, TEXT_ENCODER_FOLDER, PIPELINE_FOLDER):
             return tuple(sorted((self.folder / model).glob("*/*.safetensors")))
+        if model.startswith(f"{PIPELINE_FOLDER}_"):  # one component of the pipeline
+            component = model.removeprefix(f"{PIPELINE_FOLDER}_")
+            return tuple(sorted((self.folder / PIPELINE_FOLDER / component).glob("*.safetensors")))
         return (self.checkpoint(model),)
 
 
@@ -227,12 +234,14 @@ def dit(
     adopt: bool = True,
     reading: ReadOptions | None = None,
     host_bytes: int | None = None,
+    direct: bool | None = None,
 ) -> Loaded:
     """The reference DiT loader, reading as `reading` says and with `host_bytes` of host memory
-    (the loader's defaults: None)."""
+    (the loader's defaults: None); in direct mode (`direct`, by default for a device other than
+    the CPU) through the staging reader onto `device`, else CPU-offloaded."""
     from fakes.layers import LINEAR_KINDS
 
-    direct = device.type != "cpu"
+    direct = device.type != "cpu" if direct is None else direct
     plan = (
         WeightLoadPlan(checkpoint_load_device=device, load_full_state_dict_on_device=True)
         if direct
@@ -303,6 +312,77 @@ def te_from_pretrained(job: Job) -> Loaded:
     cls = getattr(transformers, spec.class_name)
     module: nn.Module = cls.from_pretrained(str(spec.folder), torch_dtype=torch.bfloat16)
     return Loaded(module, mapped_from=tuple(sorted(spec.folder.glob("*.safetensors"))))
+
+
+def pipeline(job: Job, **how: Any) -> Loaded:
+    """The reference's load of the benchmark's Wan pipeline (`pipeline_rows.load_whole`)."""
+    module, fates, seconds = pipeline_rows.load_whole(job.folder / PIPELINE_FOLDER, **how)
+    return Loaded(
+        module,
+        adopted=fates["adopted"],
+        copied=fates["copied"],
+        streamed=fates["streamed"],
+        steps=seconds,
+    )
+
+
+def pipeline_pretrained(job: Job) -> Loaded:
+    """diffusers' `DiffusionPipeline.from_pretrained` of the same pipeline, in bf16."""
+    folder = job.folder / PIPELINE_FOLDER
+    module = pipeline_rows.pipeline_from_pretrained(folder)
+    return Loaded(module, mapped_from=job.files(PIPELINE_FOLDER))
+
+
+def _pipeline_paths() -> dict[str, PathSpec]:
+    """The whole-pipeline rows (`reference.programs.bench.pipeline_rows`): the copy path warm
+    and cold, the others warm (their targets are warm)."""
+
+    def row(
+        load: Callable[[Job, Any], Loaded],
+        about: str,
+        *,
+        cold: bool = True,
+        model: str = PIPELINE_FOLDER,
+    ) -> PathSpec:
+        caches = CACHES if cold else ("warm",)
+        return PathSpec(load, about=about, model=model, library="diffusers", caches=caches)
+
+    specs = {
+        "pipe_copy": row(
+            lambda job, _: pipeline(job),
+            "reference whole Wan pipeline, copy path, components at once",
+        ),
+        "pipe_copy_sequential": row(
+            lambda job, _: pipeline(job, concurrency=1),
+            "the same, one component after another (concurrency=1)",
+        ),
+        "pipe_offload": row(
+            lambda job, _: pipeline(job, offload=True),
+            "reference whole Wan pipeline, DiT and text encoder CPU-offloaded (zero-copy)",
+            cold=False,
+        ),
+        "pipe_offload_sequential": row(
+            lambda job, _: pipeline(job, offload=True, concurrency=1),
+            "the same, one component after another",
+            cold=False,
+        ),
+        "pipe_pretrained": row(
+            lambda job, _: pipeline_pretrained(job),
+            "diffusers' DiffusionPipeline.from_pretrained(torch_dtype=bf16), same folder",
+            cold=False,
+        ),
+    }
+    for name in pipeline_rows.COMPONENTS:
+        specs[f"pipe_copy_{name}"] = row(
+            functools.partial(_component_alone, name),
+            f"the same pipeline's {name} alone, copy path",
+            model=f"{PIPELINE_FOLDER}_{name}",
+        )
+    return specs
+
+
+def _component_alone(name: str, job: Job, _: Any) -> Loaded:
+    return pipeline(job, components=(name,))
 
 
 def built(build: Callable[[], nn.Module]) -> Loaded:
@@ -447,6 +527,10 @@ PATHS: dict[str, PathSpec] = {
     "dit_direct": PathSpec(
         lambda job, _: dit(job, device=CUDA), cuda=True, about="reference DiT, direct to CUDA"
     ),
+    "dit_direct_cpu": PathSpec(
+        lambda job, _: dit(job, device=CPU, direct=True),
+        about="reference DiT, direct mode onto the CPU: the staging reader, the CPU engine",
+    ),
     "vae_stream": PathSpec(
         lambda job, _: vae_stream(job, device=CPU),
         model="vae",
@@ -515,6 +599,7 @@ PATHS: dict[str, PathSpec] = {
         library="transformers",
         about="transformers' from_pretrained of the same UMT5 encoder (torch_dtype=bf16)",
     ),
+    **_pipeline_paths(),
     **limit_paths(),
     "pinned_h2d": PathSpec(
         pinned_h2d,

@@ -9,6 +9,7 @@ target is shown for comparison ("info").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ def _rate(size: Figures, path: str, cache: str) -> float:
     return float(size["paths"][path]["bytes"]) / _fig(size, path, cache, "load_s")
 
 
+def _over_best_read(size: Figures, *, path: str, cache: str) -> float:
+    return _rate(size, path, cache) / _rate(size, "best_read", cache)
+
+
 def _overhead(size: Figures, path: str) -> float:
     extra = _fig(size, path, "warm", "anon_peak") - _fig(size, path, "warm", "host_anon_bytes")
     return extra / float(size["vae"]["largest_tensor_bytes"])
@@ -49,6 +54,18 @@ def _resident_over_read(size: Figures, path: str, cache: str) -> float:
     """The path's time until every byte is resident over the best read of as many bytes."""
     best_time = float(size["paths"][path]["bytes"]) / _rate(size, "best_read", cache)
     return _fig(size, path, cache, "resident_s") / best_time
+
+
+PIPE_ALONE = ("pipe_copy_transformer", "pipe_copy_text_encoder", "pipe_copy_vae")
+"""The bench pipeline's components, each loaded alone on the copy path."""
+
+
+def _pipeline_over_bound(size: Figures, *, cache: str) -> float:
+    """The whole pipeline's load over what it cannot beat: its slowest component loaded alone,
+    or all its bytes read at the machine's best read rate (PIPE-4's target)."""
+    slowest = max(_fig(size, path, cache, "load_s") for path in PIPE_ALONE)
+    at_the_limit = float(size["pipe"]["bytes"]) / _rate(size, "best_read", cache)
+    return _fig(size, "pipe_copy", cache, "load_s") / max(slowest, at_the_limit)
 
 
 RATIOS = (
@@ -81,6 +98,16 @@ RATIOS = (
         lambda s: 0.9,
         lambda s: _rate(s, "dit_copy_pool", "warm") / _rate(s, "best_read", "warm"),
         (("dit_copy_pool", "warm"), ("best_read", "warm")),
+    ),
+    *(
+        Ratio(
+            f"{cache}_direct_cpu_throughput_over_best_{cache}_read",
+            ">=",
+            lambda s: 0.9,
+            functools.partial(_over_best_read, path="dit_direct_cpu", cache=cache),
+            (("dit_direct_cpu", cache), ("best_read", cache)),
+        )
+        for cache in ("cold", "warm")
     ),
     Ratio(
         "cold_map_copy_throughput_over_best_cold_read",
@@ -210,6 +237,45 @@ RATIOS = (
             / _fig(s, "wan14b_unguarded", "warm", "load_s")
         ),
         (("wan14b_guarded", "warm"), ("wan14b_unguarded", "warm")),
+    ),
+    *(
+        Ratio(
+            f"{prefix}pipeline_over_slowest_alone_or_read_limit",
+            "<=",
+            lambda s: 1.1,
+            functools.partial(_pipeline_over_bound, cache=cache),
+            tuple((path, cache) for path in ("pipe_copy", *PIPE_ALONE, "best_read")),
+        )
+        for prefix, cache in (("", "warm"), ("cold_", "cold"))
+    ),
+    Ratio(
+        "pipeline_over_sequential",
+        "<=",
+        lambda s: 0.75,
+        lambda s: (
+            _fig(s, "pipe_copy", "warm", "load_s")
+            / _fig(s, "pipe_copy_sequential", "warm", "load_s")
+        ),
+        (("pipe_copy", "warm"), ("pipe_copy_sequential", "warm")),
+    ),
+    Ratio(
+        "pipeline_offload_over_diffusers_from_pretrained",
+        "<=",
+        lambda s: 0.5,
+        lambda s: (
+            _fig(s, "pipe_offload", "warm", "load_s") / _fig(s, "pipe_pretrained", "warm", "load_s")
+        ),
+        (("pipe_offload", "warm"), ("pipe_pretrained", "warm")),
+    ),
+    Ratio(
+        "pipeline_anon_peak_over_sequential",
+        "<=",
+        lambda s: 1.05,
+        lambda s: (
+            _fig(s, "pipe_copy", "warm", "anon_peak")
+            / _fig(s, "pipe_copy_sequential", "warm", "anon_peak")
+        ),
+        (("pipe_copy", "warm"), ("pipe_copy_sequential", "warm")),
     ),
     Ratio(
         "from_pretrained_anon_over_checkpoint",

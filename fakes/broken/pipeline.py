@@ -1,0 +1,188 @@
+"""Broken whole-pipeline loading (PIPE-2..4): each the reference with one step done the way a
+loader that "loads the whole pipeline" plausibly gets it wrong."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import ClassVar
+
+from safetensors.torch import load_file
+from torch import nn
+
+from fakes.broken.base import BrokenAdapter
+from reference.errors import LoadError
+from reference.kit.seam import LoadedPipeline, PipelineRequest
+from reference.load import pipeline as load
+from reference.load.loaders import ComponentLoader, LoadedComponent, LoadRequest, loader_kind
+from reference.load.pipeline_memory import check_pipeline_memory
+from reference.load.together import run_together
+from reference.request.admission import admit
+from reference.request.args import own_server_args
+from reference.request.model_index import ModelRegistry, read_pipeline
+
+__all__ = [
+    "KeepsComponentsOfAFailedLoad",
+    "LeavesOutWhatItCannotBuild",
+    "PreflightsEachComponentAlone",
+    "StagesEveryComponentAtOnce",
+]
+
+
+def _registry(request: PipelineRequest) -> ModelRegistry:
+    registry = ModelRegistry()
+    for class_name, cls in (request.models or {}).items():
+        registry.register(cls, name=class_name)
+    return registry
+
+
+def _returned(request: PipelineRequest, loaded: list[LoadedComponent]) -> LoadedPipeline:
+    skipped = load.not_loaded(read_pipeline(request.pipeline_dir))
+    return LoadedPipeline(
+        components={item.name: item.module for item in loaded},
+        not_loaded=dict(skipped),
+        reports=tuple(item.report for item in loaded),
+    )
+
+
+class LeavesOutWhatItCannotBuild(BrokenAdapter):
+    """Loads the components whose class it can build and leaves the others out, unreported,
+    as a loader that skips "unknown" components does: a caller holds a pipeline with a
+    weight-bearing component missing and no error (PIPE-1)."""
+
+    name = "broken-leaves-out-what-it-cannot-build"
+    breaks = frozenset({"PIPE-1"})
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        args = own_server_args(request.args).on_platform(request.platform)
+        pipeline = read_pipeline(request.pipeline_dir)
+        registry = _registry(request)
+        buildable = []
+        for name in pipeline.names:
+            if _weightless(name):
+                continue
+            try:
+                load.loader_for(name, registry=registry, platform=request.platform).admit_model(
+                    pipeline.component(name), args
+                )
+            except LoadError:
+                continue
+            buildable.append(name)
+        loaded = load.load_pipeline(
+            request.pipeline_dir,
+            args,
+            components=buildable,
+            registry=registry,
+            platform=request.platform,
+        )
+        return _returned(request, list(loaded))
+
+
+class PreflightsEachComponentAlone(BrokenAdapter):
+    """Admits every component first, then checks and loads them one after another: each one's
+    headers and memory are checked just before it loads, as upstream checks each component
+    against what is free at that moment. A last component whose headers disagree is found
+    after the first ones were read, and components that each fit but together do not are
+    never refused as a whole (PIPE-2)."""
+
+    name = "broken-preflights-each-component-alone"
+    breaks = frozenset({"PIPE-2"})
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        args = own_server_args(request.args).on_platform(request.platform)
+        pipeline = read_pipeline(request.pipeline_dir)
+        admit(pipeline, args, platform=request.platform)
+        registry = _registry(request)
+        names = [n for n in pipeline.names if not _weightless(n)]
+        loaders = {
+            n: load.loader_for(n, registry=registry, platform=request.platform) for n in names
+        }
+        direct = {n: loaders[n].admit(pipeline.component(n), args) for n in names}
+        loaded = []
+        for name in names:
+            prepared = loaders[name].prepare(pipeline.component(name), args, direct=direct[name])
+            check_pipeline_memory(
+                [prepared.needs], platform=request.platform, pipeline=str(request.pipeline_dir)
+            )
+            loaded.append(loaders[name].load_request(prepared.request))
+        return _returned(request, loaded)
+
+
+def _weightless(name: str) -> bool:
+    try:
+        loader_kind(name)
+    except Exception:
+        return True
+    return False
+
+
+class KeepsComponentsOfAFailedLoad(BrokenAdapter):
+    """Keeps every component it loaded in a cache of its own, to spare a retry the work, and
+    does not empty it when another component fails: the failed load's modules stay alive and
+    hold their memory (PIPE-3)."""
+
+    name = "broken-keeps-components-of-a-failed-load"
+    breaks = frozenset({"PIPE-3"})
+    cache: ClassVar[list[nn.Module]] = []
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        prepared = load.prepare_pipeline(
+            request.pipeline_dir,
+            own_server_args(request.args),
+            registry=_registry(request),
+            platform=request.platform,
+        )
+        jobs = [functools.partial(self._cached, loader, item.request) for loader, item in prepared]
+        names = [item.request.component.name for _, item in prepared]
+        del prepared
+        return _returned(request, run_together(jobs, names=names, concurrency=3))
+
+    @classmethod
+    def _cached(cls, loader: ComponentLoader, request: LoadRequest) -> LoadedComponent:
+        if request.prebuilt is not None:
+            cls.cache.append(request.prebuilt)
+        return loader.load_request(request)
+
+
+class StagesEveryComponentAtOnce(BrokenAdapter):
+    """Reads each component's whole checkpoint into host memory before placing it (a staging
+    copy), concurrently, and frees the copies only once every component is in: the host
+    holds every component twice at the peak (PIPE-4)."""
+
+    name = "broken-stages-every-component-at-once"
+    breaks = frozenset({"PIPE-4"})
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        prepared = load.prepare_pipeline(
+            request.pipeline_dir,
+            own_server_args(request.args),
+            registry=_registry(request),
+            platform=request.platform,
+        )
+        everyone = threading.Barrier(len(prepared))
+        jobs: list[Callable[[], LoadedComponent]] = [
+            functools.partial(self._staged, loader, item.request, everyone)
+            for loader, item in prepared
+        ]
+        names = [item.request.component.name for _, item in prepared]
+        del prepared
+        return _returned(request, run_together(jobs, names=names, concurrency=len(jobs)))
+
+    @staticmethod
+    def _staged(
+        loader: ComponentLoader, request: LoadRequest, everyone: threading.Barrier
+    ) -> LoadedComponent:
+        folder = request.component.folder
+        staged = [
+            {k: v.clone() for k, v in load_file(str(f)).items()}
+            for f in sorted(folder.glob("*.safetensors"))
+        ]
+        try:
+            loaded = loader.load_request(request)
+        except BaseException:
+            everyone.abort()  # the others stop waiting for this one
+            raise
+        everyone.wait(timeout=60)
+        del staged
+        return loaded
