@@ -10,6 +10,7 @@ about these classes beyond the `models=` mapping a test hands it.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from fakes.pipelines import FakeComponent, PipelineDiT, PipelineVAE, write_pipel
 
 __all__ = [
     "BIG_PIPELINE",
+    "LATE",
     "FailingVAE",
     "InterruptedVAE",
     "TrackedDiT",
@@ -84,22 +86,29 @@ class TrackedVAE(PipelineVAE, Tracking):
         self.track()
 
 
+LATE = 0.5
+"""Seconds a failing VAE's load takes after its tensors are in: the other components of its
+pipeline load meanwhile, so the failure comes after they hold their memory."""
+
+
 class FailingVAE(TrackedVAE):
-    """A VAE whose load fails once its tensors are in: `train(False)` raises, as a model's own
-    hook that breaks on its weights would."""
+    """A VAE whose load fails once its tensors are in, late (`LATE`): `train(False)` raises, as
+    a model's own hook that breaks on its weights would."""
 
     def train(self, mode: bool = True) -> FailingVAE:
         if not mode:
+            time.sleep(LATE)
             raise RuntimeError("FailingVAE: this component fails once its weights are loaded")
         super().train(mode)
         return self
 
 
 class InterruptedVAE(TrackedVAE):
-    """A VAE whose load is interrupted once its tensors are in, as by Ctrl-C."""
+    """A VAE whose load is interrupted once its tensors are in, late (`LATE`), as by Ctrl-C."""
 
     def train(self, mode: bool = True) -> InterruptedVAE:
         if not mode:
+            time.sleep(LATE)
             raise KeyboardInterrupt
         super().train(mode)
         return self
@@ -114,11 +123,11 @@ def tracked_classes() -> Mapping[str, type[nn.Module]]:
 
 
 BIG_PIPELINE: Mapping[str, FakeComponent] = {
-    # About 12 MiB in fp32, in two shards: big enough that what a load reads dwarfs the noise.
+    # About 28 MiB each in fp32 (the DiT in two shards): what a load reads dwarfs the noise.
     "transformer": FakeComponent(
-        TrackedDiT, {"hidden": 256, "depth": 6, "heads": 4}, shards=2, seed=2
+        TrackedDiT, {"hidden": 384, "depth": 6, "heads": 4}, shards=2, seed=2
     ),
-    "text_encoder": FakeComponent(TrackedEncoder, {"hidden": 256, "depth": 6, "heads": 4}, seed=5),
+    "text_encoder": FakeComponent(TrackedEncoder, {"hidden": 384, "depth": 6, "heads": 4}, seed=5),
     "vae": FakeComponent(TrackedVAE, {"hidden": 64, "groups": 8}, seed=3),
 }
 """A DiT, a text encoder and a VAE, every tensor stored in fp32."""

@@ -36,6 +36,7 @@ __all__ = [
     "PRECISIONS",
     "args_in",
     "held_bytes",
+    "largest_bytes",
     "load_whole",
     "memory_kept_by_a_failed_load",
     "open_files_under",
@@ -57,10 +58,20 @@ def args_in(loader: SeamLoader, device: torch.device) -> ServerArgsLike:
 def held_bytes(root: Path) -> dict[str, int]:
     """Per component of the pipeline at `root`, the bytes its slots take in `PRECISIONS` (what
     any loader holds at the end: converted tensors cannot be views of the files)."""
+    return {name: sum(sizes) for name, sizes in _slot_sizes(root).items()}
+
+
+def largest_bytes(root: Path) -> dict[str, int]:
+    """Per component of the pipeline at `root`, its largest tensor in `PRECISIONS` (what may be
+    in flight beside it while it loads)."""
+    return {name: max(sizes) for name, sizes in _slot_sizes(root).items()}
+
+
+def _slot_sizes(root: Path) -> dict[str, list[int]]:
     from safetensors import safe_open
 
     dtypes = {"vae": FP32}
-    found: dict[str, int] = {}
+    found: dict[str, list[int]] = {}
     for file in sorted(root.glob("*/*.safetensors")):
         component = file.parent.name
         dtype = dtypes.get(component, BF16)
@@ -69,7 +80,7 @@ def held_bytes(root: Path) -> dict[str, int]:
                 numel = 1
                 for size in f.get_slice(name).get_shape():
                     numel *= size
-                found[component] = found.get(component, 0) + numel * dtype.itemsize
+                found.setdefault(component, []).append(numel * dtype.itemsize)
     return found
 
 
