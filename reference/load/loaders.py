@@ -136,6 +136,9 @@ class LoadRequest:
         prebuilt: the module `ComponentLoader.prepare` already built on meta for this load
             (slots in their final dtypes, checked against the headers), which the load fills
             instead of building again; None: the load builds it.
+        preflighted: the memory this load takes on its device was checked with every other
+            component's (`reference.load.pipeline_memory.check_pipeline_memory`), so its own
+            direct-mode check (DG-6) is not asked again while the others allocate.
     """
 
     component: ComponentSpec
@@ -146,6 +149,7 @@ class LoadRequest:
     plan: WeightLoadPlan
     dtype: torch.dtype
     prebuilt: nn.Module | None = None
+    preflighted: bool = False
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,9 @@ class ComponentLoader(ABC):
         data (PIPE-2): the decisions (`request_for`), the headers, the build on meta the load
         will fill (`build_checked`), the checkpoint's names and shapes against its slots
         (CKPT-3), and what it will hold where it ends up (for the pipeline's memory preflight).
-        A direct load's device check (DG-6) runs again when it loads.
+        The request comes back `preflighted`: the caller checks the memory of every
+        component it prepares together (`check_pipeline_memory`), in place of each direct
+        load's own device check (DG-6).
 
         Raises:
             LoadError: a refusal, naming the component.
@@ -278,7 +284,8 @@ class ComponentLoader(ABC):
             adopts=self.adopts(request),
         )
         prebuilt = module if self.reuses_build(request) else None
-        return PreparedComponent(dataclasses.replace(request, prebuilt=prebuilt), needs)
+        prepared = dataclasses.replace(request, prebuilt=prebuilt, preflighted=True)
+        return PreparedComponent(prepared, needs)
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
         """The component built on meta as its load will build it (slots in their final
@@ -561,7 +568,7 @@ class TransformerLoader(ComponentLoader):
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
         spec = request.component
-        if request.direct:
+        if request.direct and not request.preflighted:
             check_direct_memory(request, self.platform)
         model, construct = self.construct(request)
         if request.prebuilt is not None:
@@ -634,7 +641,8 @@ class VAELoader(ComponentLoader):
         build = self.model_builder(spec)
         if not request.direct:
             return ordinarily(request, build=build)
-        check_direct_memory(request, self.platform)
+        if not request.preflighted:
+            check_direct_memory(request, self.platform)
         if request.prebuilt is not None:
             build = functools.partial(_prebuilt, request.prebuilt)
         module, report = load_vae(
