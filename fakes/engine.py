@@ -70,6 +70,7 @@ class DelayedEngine:
 
     Attributes:
         copies: how many copies were started.
+        completed: the indices of the copies in the order they ran (failed ones included).
         in_use: staging bytes handed out and not yet released; `peak`: the most at once.
     """
 
@@ -88,6 +89,7 @@ class DelayedEngine:
         self.fail_at = fail_at
         self.interrupt_at = interrupt_at
         self.copies = 0
+        self.completed: list[int] = []
         self.in_use = 0
         self.peak = 0
         self._held: dict[int, int] = {}
@@ -152,6 +154,7 @@ class DelayedEngine:
                     self._cond.wait(wait)
                     continue
                 heapq.heappop(self._jobs)
+                self.completed.append(job.index)
             if job.index == self.fail_at:
                 job.event.finish(CopyFailed(f"copy {job.index} failed (DelayedEngine fail_at)"))
                 continue
