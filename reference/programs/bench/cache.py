@@ -26,6 +26,7 @@ __all__ = [
     "drop",
     "make_cold",
     "make_warm",
+    "start_state",
 ]
 
 CACHES = ("warm", "cold")
@@ -127,3 +128,16 @@ def make_warm(paths: Sequence[Path]) -> None:
         with path.open("rb", buffering=0) as f:
             while f.readinto(buffer):
                 pass
+
+
+def start_state(files: Sequence[Path], cache: str) -> dict[str, object]:
+    """Put `files` into the page-cache state `cache` names ("warm": read once; "cold": pages
+    dropped), right before a run's clock starts; {"cached": fraction}, or {"skipped": why} when
+    a cold start was asked for and the pages could not be dropped."""
+    if cache == "cold":
+        reason = make_cold(files)
+        if reason is not None:
+            return {"skipped": reason}
+    else:
+        make_warm(files)
+    return {"cached": cached_fraction(files)}

@@ -56,6 +56,7 @@ from typing import Any
 
 from reference.extras import install_hint
 from reference.programs.bench.cache import CACHES
+from reference.programs.bench.facts import checkpoint_facts
 from reference.programs.bench.paths import (
     DIFFUSERS_FOLDER,
     PATHS,
@@ -65,7 +66,6 @@ from reference.programs.bench.paths import (
     library_missing,
 )
 from reference.programs.bench.ratios import compute_ratios
-from reference.read.checkpoint import open_checkpoint
 from reference.read.reading import ReadOptions
 from reference.request.platform import SYSTEM, Platform, describe
 
@@ -102,16 +102,6 @@ WARMUP_MIB = 1
 Runner = Callable[[dict[str, Any]], dict[str, Any]]
 BEST_READ = "best_read"
 CACHE_CHOICES = {"warm": ("warm",), "cold": ("cold",), "both": CACHES}
-
-
-def checkpoint_facts(path: Path) -> dict[str, int]:
-    checkpoint = open_checkpoint(path)
-    return {
-        "bytes": checkpoint.total_bytes,
-        "file_bytes": sum(f.stat().st_size for f in checkpoint.files),
-        "largest_tensor_bytes": checkpoint.largest_tensor_bytes,
-        "tensors": len(checkpoint.tensors),
-    }
 
 
 def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:

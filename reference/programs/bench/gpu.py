@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from reference.programs.bench.cache import CACHES
+from reference.programs.bench.facts import checkpoint_facts
 from reference.programs.bench.gpu_ratios import compute_gpu_ratios, staging_bound
 from reference.programs.bench.gpu_rows import (
     GPU_ROWS,
@@ -50,7 +51,6 @@ from reference.programs.bench.gpu_rows import (
     unavailable,
 )
 from reference.programs.bench.wan import TINY_WAN, WAN_1_3B, write_wan
-from reference.read.checkpoint import open_checkpoint
 from reference.request.platform import SYSTEM, Platform, describe
 
 __all__ = [
@@ -79,16 +79,6 @@ RUN_TIMEOUT_S = 300
 shown failed."""
 
 
-def _facts(path: Path) -> dict[str, int]:
-    checkpoint = open_checkpoint(path)
-    return {
-        "bytes": checkpoint.total_bytes,
-        "file_bytes": sum(f.stat().st_size for f in checkpoint.files),
-        "largest_tensor_bytes": checkpoint.largest_tensor_bytes,
-        "tensors": len(checkpoint.tensors),
-    }
-
-
 def write_gpu_folder(
     folder: Path, *, size_mib: int, wan: Mapping[str, Any] = WAN_1_3B
 ) -> dict[str, Any]:
@@ -101,9 +91,13 @@ def write_gpu_folder(
     folder.mkdir(parents=True, exist_ok=True)
     dit, vae = write_bench_checkpoints(folder, shapes)
     (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
-    facts: dict[str, Any] = {"size_mib": size_mib, "dit": _facts(dit), "vae": _facts(vae)}
+    facts: dict[str, Any] = {
+        "size_mib": size_mib,
+        "dit": checkpoint_facts(dit),
+        "vae": checkpoint_facts(vae),
+    }
     if importlib.util.find_spec("diffusers") is not None:
-        facts["wan"] = _facts(write_wan(folder / "wan", wan))
+        facts["wan"] = checkpoint_facts(write_wan(folder / "wan", wan))
     facts[LIMIT_MODEL] = facts.get("wan", facts["dit"]) | {"of": "wan" if "wan" in facts else "dit"}
     return facts
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reference.programs.bench.ratios import missing
+from reference.programs.bench.ratios import judge, missing
 from reference.read.reading import ReadOptions
 
 __all__ = [
@@ -164,26 +164,15 @@ def _reason(size: Figures, row: str, cache: str, figure: str) -> str | None:
     return reason
 
 
+def _first_missing(size: Figures, ratio: GpuRatio) -> str | None:
+    reasons = (_reason(size, *need) for need in ratio.needs)
+    return next((r for r in reasons if r is not None), None)
+
+
 def compute_gpu_ratios(size: Figures) -> dict[str, dict[str, Any]]:
     """Each ratio's value, target and status ("pass", "miss", "info" or "skipped", with the
     reason)."""
-    out: dict[str, dict[str, Any]] = {}
-    for ratio in GPU_RATIOS:
-        reasons = (_reason(size, *need) for need in ratio.needs)
-        reason = next((r for r in reasons if r is not None), None)
-        if reason is not None:
-            out[ratio.name] = {"value": None, "target": None, "op": ratio.op, "pass": None}
-            out[ratio.name] |= {"status": "skipped", "reason": reason}
-            continue
-        value = ratio.value(size)
-        target = ratio.target(size) if ratio.target else None
-        passed = None
-        if target is not None:
-            passed = value <= target if ratio.op == "<=" else value >= target
-        status = "info" if passed is None else ("pass" if passed else "miss")
-        out[ratio.name] = {"value": value, "target": target, "op": ratio.op, "pass": passed}
-        out[ratio.name]["status"] = status
-    return out
+    return judge(size, GPU_RATIOS, _first_missing)
 
 
 def verdict(name: str, ratio: Mapping[str, Any]) -> str:

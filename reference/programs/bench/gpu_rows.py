@@ -52,7 +52,10 @@ from reference.extras import install_hint
 from reference.load.dit import load_dit
 from reference.load.vae import load_vae
 from reference.programs.bench import gpu_limits
-from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
+from reference.programs.bench.cache import (
+    CACHES,
+    start_state,
+)
 from reference.programs.bench.paths import module_tensors
 from reference.report.memory import PeakSampler, resident
 from reference.request.plan import WeightLoadPlan
@@ -413,13 +416,7 @@ def _start_cache(files: tuple[Path, ...], cache: str, *, cuda: bool) -> dict[str
         # the warm-up's modules sit in reference cycles: their maps of a file would keep its
         # pages, their device blocks would stay out of the allocator's reach
         gc.collect()
-    if cache == "cold":
-        reason = make_cold(files)
-        if reason is not None:
-            return {"skipped": reason}
-    else:
-        make_warm(files)
-    return {"cached": cached_fraction(files)}
+    return start_state(files, cache)
 
 
 def run_row(job: GpuJob) -> dict[str, Any]:

@@ -43,7 +43,10 @@ from reference.extras import install_hint
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
 from reference.programs.bench import construction, limits, pipeline_rows
-from reference.programs.bench.cache import CACHES, cached_fraction, make_cold, make_warm
+from reference.programs.bench.cache import (
+    CACHES,
+    start_state,
+)
 from reference.programs.bench.pipeline_rows import PIPELINE_FOLDER
 from reference.read.reading import ReadOptions
 from reference.report.memory import PeakSampler, resident
@@ -622,13 +625,7 @@ def start_cache(job: Job, files: tuple[Path, ...]) -> dict[str, Any]:
     # A loaded module can sit in a reference cycle that holds a map of the file until the next
     # collection (a warm-up's, or an earlier run's in the same process): mapped pages stay.
     gc.collect()
-    if job.cache == "cold":
-        reason = make_cold(files)
-        if reason is not None:
-            return {"skipped": reason}
-    else:
-        make_warm(files)
-    return {"cached": cached_fraction(files)}
+    return start_state(files, job.cache)
 
 
 def run(job: Job) -> dict[str, Any]:

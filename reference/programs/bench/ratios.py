@@ -10,11 +10,11 @@ target is shown for comparison ("info").
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["RATIOS", "Ratio", "compute_ratios", "missing"]
+__all__ = ["RATIOS", "Judged", "Ratio", "compute_ratios", "judge", "missing"]
 
 Figures = Mapping[str, Any]
 
@@ -313,15 +313,35 @@ def missing(size: Figures, path: str, cache: str) -> str | None:
     return None
 
 
-def compute_ratios(size: Figures) -> dict[str, dict[str, Any]]:
-    """Each ratio's value, target and verdict ("pass", "miss", "info" or "skipped")."""
+class Judged(Protocol):
+    """What `judge` reads of a ratio (`Ratio` here, `GpuRatio` in the GPU table)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def target(self) -> Callable[[Figures], float] | None: ...
+    @property
+    def value(self) -> Callable[[Figures], float]: ...
+
+
+R = TypeVar("R", bound=Judged)
+
+
+def judge(
+    size: Figures,
+    ratios: Sequence[R],
+    reason: Callable[[Figures, R], str | None],
+) -> dict[str, dict[str, Any]]:
+    """Each ratio's value, target and verdict ("pass", "miss", "info", or "skipped" with
+    `reason(size, ratio)`, the first figure it needs that is missing)."""
     out: dict[str, dict[str, Any]] = {}
-    for ratio in RATIOS:
-        reasons = [missing(size, path, cache) for path, cache in ratio.needs]
-        reason = next((r for r in reasons if r is not None), None)
-        if reason is not None:
+    for ratio in ratios:
+        why = reason(size, ratio)
+        if why is not None:
             out[ratio.name] = {"value": None, "target": None, "op": ratio.op, "pass": None}
-            out[ratio.name] |= {"status": "skipped", "reason": reason}
+            out[ratio.name] |= {"status": "skipped", "reason": why}
             continue
         value = ratio.value(size)
         target = ratio.target(size) if ratio.target else None
@@ -337,3 +357,13 @@ def compute_ratios(size: Figures) -> dict[str, dict[str, Any]]:
             "status": status,
         }
     return out
+
+
+def _first_missing(size: Figures, ratio: Ratio) -> str | None:
+    reasons = (missing(size, path, cache) for path, cache in ratio.needs)
+    return next((r for r in reasons if r is not None), None)
+
+
+def compute_ratios(size: Figures) -> dict[str, dict[str, Any]]:
+    """Each ratio's value, target and verdict ("pass", "miss", "info" or "skipped")."""
+    return judge(size, RATIOS, _first_missing)
