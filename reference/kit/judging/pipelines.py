@@ -23,6 +23,7 @@ from torch import nn
 from fakes.pipeline_loads import tracked_classes
 from fakes.platform import FakePlatform
 from reference.kit.seam import (
+    ComponentRequest,
     PipelineRequest,
     Precisions,
     SeamLoader,
@@ -35,6 +36,7 @@ __all__ = [
     "CPU",
     "PRECISIONS",
     "args_in",
+    "component_growth",
     "held_bytes",
     "largest_bytes",
     "load_whole",
@@ -109,6 +111,24 @@ def pipeline_growth(loader: SeamLoader, root: Path) -> int:
     with PeakSampler() as host:
         components = load_whole(loader, root)
     del components
+    return host.anon_growth
+
+
+def component_growth(loader: SeamLoader, root: Path, component: str) -> int:
+    """One component of the pipeline at `root` loaded alone on the CPU, in `PRECISIONS`
+    (`load_pipeline_component`): the peak anonymous host memory it took above the process's
+    state before it."""
+    request = ComponentRequest(
+        root,
+        component,
+        args_in(loader, CPU),
+        platform=FakePlatform(cuda=False),
+        models=tracked_classes(),
+    )
+    gc.collect()
+    with PeakSampler() as host:
+        module = loader.load_pipeline_component(request)
+    del module
     return host.anon_growth
 
 
