@@ -50,13 +50,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from reference.extras import install_hint
 from reference.programs.bench.cache import CACHES
-from reference.programs.bench.facts import checkpoint_facts
+from reference.programs.bench.facts import checkpoint_facts, write_bench_models
 from reference.programs.bench.paths import (
     DIFFUSERS_FOLDER,
     PATHS,
@@ -108,22 +107,9 @@ def write_folder(folder: Path, size_mib: int) -> dict[str, Any]:
     """Write the DiT and VAE checkpoints of one size and describe them; with diffusers
     installed, also a diffusers Wan DiT of about the same size (`ddit`); with transformers, a
     UMT5 text encoder of about the same size (`te`)."""
-    from fakes.bench import (
-        BenchShapes,
-        write_bench_checkpoints,
-        write_diffusers_bench,
-        write_pipeline_bench,
-        write_text_encoder_bench,
-    )
+    from fakes.bench import write_diffusers_bench, write_pipeline_bench, write_text_encoder_bench
 
-    shapes = BenchShapes.for_bytes(size_mib * MIB)
-    dit, vae = write_bench_checkpoints(folder, shapes)
-    (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
-    facts: dict[str, Any] = {
-        "size_mib": size_mib,
-        "dit": checkpoint_facts(dit),
-        "vae": checkpoint_facts(vae),
-    }
+    facts = write_bench_models(folder, size_mib)
     if library_missing("diffusers") is None:
         ddit = write_diffusers_bench(folder / DIFFUSERS_FOLDER, size_mib * MIB)
         facts["ddit"] = checkpoint_facts(ddit)

@@ -33,14 +33,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reference.programs.bench.cache import CACHES
-from reference.programs.bench.facts import checkpoint_facts
+from reference.programs.bench.facts import checkpoint_facts, write_bench_models
 from reference.programs.bench.gpu_ratios import compute_gpu_ratios, staging_bound
 from reference.programs.bench.gpu_rows import (
     GPU_ROWS,
@@ -85,17 +85,7 @@ def write_gpu_folder(
     """Write the bench's DiT and VAE of about `size_mib` MiB (shapes.json, dit/, vae/) and, with
     diffusers installed, the Wan DiT at config `wan` (wan/); returns their facts by model, and
     as "limit" the facts of the files the limit rows read (`gpu_rows.files_of`)."""
-    from fakes.bench import MIB, BenchShapes, write_bench_checkpoints
-
-    shapes = BenchShapes.for_bytes(size_mib * MIB)
-    folder.mkdir(parents=True, exist_ok=True)
-    dit, vae = write_bench_checkpoints(folder, shapes)
-    (folder / "shapes.json").write_text(json.dumps(asdict(shapes)))
-    facts: dict[str, Any] = {
-        "size_mib": size_mib,
-        "dit": checkpoint_facts(dit),
-        "vae": checkpoint_facts(vae),
-    }
+    facts = write_bench_models(folder, size_mib)
     if importlib.util.find_spec("diffusers") is not None:
         facts["wan"] = checkpoint_facts(write_wan(folder / "wan", wan))
     facts[LIMIT_MODEL] = facts.get("wan", facts["dit"]) | {"of": "wan" if "wan" in facts else "dit"}
