@@ -14,8 +14,10 @@ from reference.read.staging import StagingReader
 
 __all__ = ["RefillsStagingBeforeCopiesEnd", "StagesTheWholeCheckpoint"]
 
-# Small buffers, so that even a small checkpoint passes through each buffer many times.
-SMALL_STAGING = {"staging_bytes": 256, "staging_buffers": 2}
+# Two small buffers, so that every checkpoint passes through each buffer about a hundred times
+# (at least 256 bytes a buffer: a big checkpoint in 256-byte copies took seconds a load).
+FILLS = 256
+LEAST_STAGING_BYTES = 256
 
 
 class _SkipsTheWait(StagingReader):
@@ -26,7 +28,8 @@ class _SkipsTheWait(StagingReader):
 
 
 def _skipping_reader(checkpoint: Checkpoint, **kwargs: Any) -> StagingReader:
-    options = replace(kwargs.pop("options"), **SMALL_STAGING)
+    size = max(LEAST_STAGING_BYTES, checkpoint.total_bytes // FILLS)
+    options = replace(kwargs.pop("options"), staging_bytes=size, staging_buffers=2)
     return _SkipsTheWait(checkpoint, options=options, **kwargs)
 
 
