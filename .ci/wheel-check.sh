@@ -4,6 +4,10 @@
 # `python -m reference conform` against the plain-assign baseline from an empty folder. The run
 # must fail (the baseline breaks MUST rules), write a report that judged rules, and hold each
 # contract test once.
+#
+#   .ci/wheel-check.sh [VENV]   # VENV: a venv outside the clone to install the wheel into (.ci/run
+#                               # hands it the one .ci/bare-venv.sh made: torch is in it already);
+#                               # default a new one
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
@@ -19,13 +23,14 @@ echo "wheel $(basename "$wheel"): $shipped contract test files (tests/unit holds
 tops=$(python3 -m zipfile -l "$wheel" | awk 'NR > 1 {print $1}' | grep -v '\.dist-info/' | cut -d/ -f1 | sort -u | tr '\n' ' ')
 echo "wheel top-level packages: $tops"
 [ "$tops" = "fakes reference " ]
-python3 -m venv "$work/venv"
+venv="${1:-$work/venv}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # PIP_CONSTRAINT (set by .ci/run) keeps torch on its CPU build here too.
-"$work/venv/bin/python" -m pip install --quiet "$wheel[test]"
+"$venv/bin/python" -m pip install --quiet "$wheel[test]"
 mkdir "$work/elsewhere" && cd "$work/elsewhere"
 # The package registers no pytest plugin: an unrelated pytest run imports neither torch nor it.
-"$work/venv/bin/python" -c "import fakes, reference; print('import fakes, reference: from', fakes.__file__.rsplit('/', 3)[-3])"
-"$work/venv/bin/python" -X importtime -m pytest --version 2>importtime.log >/dev/null
+"$venv/bin/python" -c "import fakes, reference; print('import fakes, reference: from', fakes.__file__.rsplit('/', 3)[-3])"
+"$venv/bin/python" -X importtime -m pytest --version 2>importtime.log >/dev/null
 if grep -qE '\| +(torch|reference)(\.|$)' importtime.log; then
     echo "pytest --version imported torch or reference:"; grep -E '\| +(torch|reference)(\.|$)' importtime.log | head -n 3
     exit 1
@@ -35,12 +40,12 @@ export CUDA_VISIBLE_DEVICES=
 code=0
 # The installed kit judged, not at length: the hostile corpus and the blocking files, whose
 # attempts against this baseline each wait out a deadline, are left to tox -e matrix.
-"$work/venv/bin/python" -m reference conform --loader=reference.kit.adapters.baselines:PlainAssign \
+"$venv/bin/python" -m reference conform --loader=reference.kit.adapters.baselines:PlainAssign \
     --conformance-report=r.json -n auto -q --no-header -k "not hostile and not blocking" \
     >conform.log 2>&1 || code=$?
 tail -n 3 conform.log
 [ "$code" -eq 1 ] || { echo "conform exited $code; expected 1 (plain-assign breaks MUST rules)"; exit 1; }
-"$work/venv/bin/python" - <<'PY'
+"$venv/bin/python" - <<'PY'
 import json
 
 report = json.load(open("r.json"))
