@@ -172,10 +172,9 @@ class PooledReader(TensorReader):
 
     Only the tensors `pooled` selects are read so (all by default), and with
     `options.map_when_cached` only those not already in the page cache when the reader is made
-    (`reference.read.prefetch.cached_samples`): measured at 512 MiB on 2 cores, a warm copy out of
-    the map was faster than `preadv` chunks handed out one by one (0.134 s against 0.151 s for
-    three `preadv` threads), and slower than contiguous shares (`reference.read.reading` has the
-    figures), so that is off by default. The others are handed out as
+    (`reference.read.prefetch.cached_samples`; the default): measured at 512 MiB on 2 cores, a
+    warm copy out of the map was faster than the pool's `preadv` shares (`reference.read.reading`
+    has the figures). The others are handed out as
     `TensorReader` hands them out, as views of the file's map; the workers fault those not
     cached in ahead of the caller within the same window (`reference.read.prefetch.populate`, where
     the system has it), so they are read at the rate of several streams too. With `streaming`

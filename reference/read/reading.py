@@ -24,11 +24,14 @@ map:
     pool's buffers become the slots' tensors.
   * The direct path is not measured (no CUDA device on that machine).
 
-`map_when_cached` is False by default: the pool reads every tensor it selects with `preadv`,
-cached or not. Warm, 512 MiB, fresh processes side by side, medians of 8 in three batches (same
-machine and date), the DiT copy path took 0.206, 0.187 and 0.225 s so, against 0.236, 0.205 and
-0.255 s copying the cached tensors from the map (`preadv` on 2 threads alone: 0.219, 0.174 and
-0.205 s); cold nothing is cached, so nothing changes.
+`map_when_cached` is True by default: a tensor already in the page cache when the reader is made
+is copied out of the file's map (torch's `copy_`, on the intra-op threads) instead of read with
+`preadv`. Warm, 512 MiB, fresh processes side by side, each warmed by a small load first (as the
+bench's runs are), medians of 10 (2026-12-07, load average 1.1-1.5), the DiT copy path took
+0.163 s so against 0.172 s through the pool's `preadv` shares; the machine's best warm read,
+one `copy_` of the file's private map, 0.152 s, and `preadv` on 2 threads 0.160 s. Cold nothing
+is cached, so nothing changes. (On 2026-12-02, before the copy path's placement got lighter, it
+measured the other way: 0.236 s from the map against 0.206 s through the pool.)
 
 Defaults of the other fields: `workers` is twice the cores, from 2 to 8. The best cold reads of
 the two runs used 3 and 4 threads on 2 cores (`preadv` on one thread 1.16 GiB/s, on three 1.61
@@ -113,10 +116,9 @@ class ReadOptions:
         map_when_cached: for loads through the pool, copy a tensor whose pages are already in
             the page cache from the file's map instead of reading it with `preadv` (judged when
             the reader is made, with `mincore`, by the first page of every MiB of the file that
-            the tensor's bytes touch; never where that cannot be told). False (the default)
-            reads every tensor the load selects through the pool, warm or cold: measured
-            faster warm where the buffers are kept (see the module's docstring); True may
-            spare a staging copy where the pool stages for a device (unmeasured).
+            the tensor's bytes touch; never where that cannot be told). True (the default):
+            measured faster warm for the copy path (see the module's docstring); False reads
+            every tensor the load selects through the pool, warm or cold.
         staging_bytes: the size of each staging buffer of a staging read (direct DiT loads, VAE
             streams onto a device: `reference.read.staging`); a tensor larger than a buffer is
             split across buffers, small ones are packed into one.
@@ -139,7 +141,7 @@ class ReadOptions:
     max_tensors: int = DEFAULT_MAX_TENSORS
     max_bytes: int = DEFAULT_MAX_BYTES
     prefetch: bool = False
-    map_when_cached: bool = False
+    map_when_cached: bool = True
     staging_bytes: int = DEFAULT_STAGING_BYTES
     staging_buffers: int = DEFAULT_STAGING_BUFFERS
     o_direct: bool = False

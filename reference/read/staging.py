@@ -11,7 +11,10 @@ every copy out of it completed (`_drain`): refilling it sooner would let a late 
 next bytes. So host memory holds the ring beside the tensors, never the state dict (DG-8).
 
 Where the engine stages in place (`CpuEngine` onto the CPU), the destination is host memory and
-its own staging buffer: the threads read straight into it and no ring is allocated.
+its own staging buffer: the threads read straight into it and no ring is allocated. There, with
+`ReadOptions.map_when_cached` (the default), a fill whose bytes are all in the page cache when
+the reader is made is copied into its tensors out of the file's map (torch's `copy_`) instead of
+read with `preadv`: warm, the faster of the two, as for the copy path (`reference.read.reading`).
 
 Device memory: tensors the caller keeps as they are (`kept`: adopted, or kept as the slot's
 tensor) are the model's own bytes and are read ahead freely; any other tensor is transient (the
@@ -46,6 +49,7 @@ from reference.read.checkpoint import Checkpoint, TensorReader, truncation
 from reference.read.engine import CopyEngine, CopyEvent
 from reference.read.header import TensorInfo
 from reference.read.pool import read_range
+from reference.read.prefetch import SAMPLE_BYTES, cached_samples
 from reference.read.reading import DIRECT_IO_ALIGNMENT, ReadOptions
 
 __all__ = ["STAGING_THREAD_NAME", "Fill", "Segment", "StagingReader", "plan_fills"]
@@ -191,20 +195,40 @@ class StagingReader(TensorReader):
         self.in_place = engine.stages_in_place(device)
         self.direct_io = options.o_direct and not self.in_place
         order = list(super().__iter__())
+        # Each file's page-cache samples, taken once, where fills may be copied from the map.
+        self._samples: dict[Path, bytes | None] = {}
+        if self.in_place and options.map_when_cached:
+            firsts = {checkpoint.tensors[name].file: checkpoint.tensors[name] for name in order}
+            try:
+                for file, info in firsts.items():
+                    self._samples[file] = cached_samples(self._map(info))  # identity checked
+            except BaseException:
+                TensorReader.close(self)  # the maps made so far (a file that changed raises)
+                raise
         self.fresh_names = frozenset(order)
         keep = set(order) if kept is None else set(kept)
         self._tensors = {
             name: _Tensor(checkpoint.tensors[name], n, name in keep) for n, name in enumerate(order)
         }
+        # In place there is no ring to bound: where every file is cached, a fill is a whole
+        # tensor (or several small ones), so each `copy_` is as large as the tensors allow.
+        cached = bool(self._samples) and all(
+            samples and 0 not in samples for samples in self._samples.values()
+        )
+        fill_bytes = max(options.staging_bytes, checkpoint.largest_tensor_bytes if cached else 0)
         self.fills = plan_fills(
             [checkpoint.tensors[name] for name in order],
-            buffer_bytes=options.staging_bytes,
+            buffer_bytes=fill_bytes,
             transient={name for name in order if name not in keep},
             align=DIRECT_IO_ALIGNMENT if self.direct_io else 1,
         )
         for fill in self.fills:
             for segment in fill.segments:
                 self._tensors[segment.name].left += 1
+        # Every fill copied out of a map, every tensor kept: the caller's thread copies each
+        # tensor as it asks for it, as the copy path does (torch's `copy_` takes the intra-op
+        # threads itself; reader threads beside it would only oversubscribe the cores).
+        self._on_caller = self._all_mapped() and all(t.kept for t in self._tensors.values())
         self._cond = threading.Condition()
         self._next = 0  # the first fill no thread took yet
         self._position = -1  # the index of the name the caller read last
@@ -238,6 +262,12 @@ class StagingReader(TensorReader):
             with self._cond:
                 self._position = state.index
                 self._cond.notify_all()
+            while state.left and self._on_caller:
+                fill = self._take()  # never waits: no tensor is transient
+                if fill is None:
+                    break
+                self._read_in_place(fill)
+            with self._cond:
                 while state.left and self._error is None:
                     self._cond.wait()
                 error = self._error
@@ -265,7 +295,7 @@ class StagingReader(TensorReader):
             if self._error is not None:
                 raise self._error
             raise ArgumentError(f"{self.component}: the staging reader was closed")
-        if self._threads or not self.fills:
+        if self._threads or not self.fills or self._on_caller:
             return
         count = max(1, min(self.options.workers, len(self.fills)))
         for n in range(count):
@@ -316,7 +346,8 @@ class StagingReader(TensorReader):
         super().close()
 
     def __del__(self) -> None:
-        if getattr(self, "_threads", None) or getattr(self, "_buffers", None):
+        held = ("_threads", "_buffers", "_maps")  # maps: made when the reader is (map_when_cached)
+        if any(getattr(self, name, None) for name in held):
             self.close()
 
     # --- the threads' side ----------------------------------------------------------------------
@@ -399,14 +430,40 @@ class StagingReader(TensorReader):
             ) from None
 
     def _read_in_place(self, fill: Fill) -> None:
-        fd = self._descriptor(fill.info)
+        mapped = self._mapped_if_cached(fill)
+        fd = None if mapped is not None else self._descriptor(fill.info)
         for segment in fill.segments:
             state = self._tensors[segment.name]
             assert state.data is not None
-            read_range(fd, state.data, segment.at, segment.length, state.info)
+            if mapped is not None:
+                start = state.info.start + segment.at
+                target = state.data[segment.at : segment.at + segment.length]
+                target.copy_(mapped[start : start + segment.length])
+            else:
+                assert fd is not None
+                read_range(fd, state.data, segment.at, segment.length, state.info)
             with self._cond:
                 state.left -= 1
                 self._cond.notify_all()
+
+    def _all_mapped(self) -> bool:
+        """Whether every fill will be copied out of a map (`_mapped_if_cached`)."""
+        return bool(self._samples) and all(self._cached(f) or not f.length for f in self.fills)
+
+    def _cached(self, fill: Fill) -> bool:
+        samples = self._samples.get(fill.info.file)
+        if not samples or not fill.length:
+            return False
+        first, last = fill.start // SAMPLE_BYTES, (fill.start + fill.length - 1) // SAMPLE_BYTES
+        return 0 not in samples[first : last + 1]
+
+    def _mapped_if_cached(self, fill: Fill) -> torch.Tensor | None:
+        """The map of `fill`'s file where every MiB its range touches was cached when the reader
+        was made (checked again against the file's size, as every read of a map is), else
+        None."""
+        if not self._cached(fill):
+            return None
+        return self._map(fill.info)  # mapped when the reader was made; the size checked now
 
     def _stage(self, fill: Fill) -> None:
         buffer = self._acquire()

@@ -136,16 +136,18 @@ def test_reference_cut_lands_after_the_first_tensors_were_read(
 ) -> None:
     """For the reference the cut above is mid-stream: headers read, two tensors in, one fails.
     A direct load reads through the staging reader, whose threads read ahead of the caller:
-    the cut they find is raised by the caller's next read, up to proj.bias."""
+    the cut they find is raised by the caller's next read, up to proj.bias; onto the CPU, where
+    the files are cached, the reader maps them when it is made (to copy out of the maps), and
+    the map's check finds the cut then, before any read."""
     folder, load = load_on(path, loader, tmp_path, runtime_device)
     sealed.add(tmp_path)
     reads = mocker.spy(StagingReader if path == "dit-direct" else TensorReader, "read")
     with while_building(cutter(folder / CUT_SHARD, sealed)):
-        failure_of(load)
+        error = failure_of(load)
     names = [c.args[1] for c in reads.call_args_list]
     expected = ["proj.weight", "norm.weight", "proj.bias"]
     assert names == (expected[: len(names)] if path == "dit-direct" else expected), names
-    assert isinstance(reads.spy_exception, CheckpointError)
+    assert isinstance(reads.spy_exception if names else error, CheckpointError)
 
 
 @pytest.mark.rule("CKPT-5", "FP8-5")

@@ -381,17 +381,24 @@ def test_cold_tensors_go_through_the_pool_and_cached_ones_come_from_the_map(
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["window", "shares"])
-def test_a_cached_file_is_read_through_the_pool_by_default(
-    tmp_path: Path, no_thread_left: None, kept: bool
+@pytest.mark.parametrize("map_when_cached", [None, False], ids=["default", "off"])
+def test_a_cached_file_is_copied_from_its_map_unless_told_otherwise(
+    tmp_path: Path, no_thread_left: None, residency: None, kept: bool, map_when_cached: bool | None
 ) -> None:
+    """By default (`map_when_cached`) a file wholly in the page cache is handed out as views of
+    its map, which the load copies; with it off, the pool reads every tensor into a fresh
+    buffer of its own."""
     state, path = three_mib_tensors(tmp_path)
     path.read_bytes()
-    reader = PooledReader(open_checkpoint(path), ReadOptions(workers=2), buffers_kept=kept)
+    options = ReadOptions(workers=2)
+    if map_when_cached is not None:
+        options = ReadOptions(workers=2, map_when_cached=map_when_cached)
+    reader = PooledReader(open_checkpoint(path), options, buffers_kept=kept)
     read = read_and_close(reader)
-    assert reader.fresh_names == frozenset(state)
+    pooled = map_when_cached is False
+    assert reader.fresh_names == (frozenset(state) if pooled else frozenset())
     assert all(same(read[n], state[n]) for n in state)
-    if maps_missing() is None:
-        assert all(file_position(read[n]) is None for n in state)
+    assert all((file_position(read[n]) is None) == pooled for n in state)
 
 
 # --- errors reach the caller's thread; no thread is left --------------------------------------

@@ -192,6 +192,32 @@ def test_the_default_direct_load_onto_the_cpu_reads_in_place(
     assert_same_state(staged, want)
 
 
+@pytest.mark.parametrize(
+    ("map_when_cached", "dtype"),
+    [(True, None), (True, torch.float32), (False, None)],
+    ids=["from-the-map-on-the-callers-thread", "from-the-map-on-threads", "from-the-file"],
+)
+def test_a_cached_file_read_in_place_equals_an_ordinary_load(
+    tmp_path: Path, nothing_left: None, map_when_cached: bool, dtype: torch.dtype | None
+) -> None:
+    """Onto the CPU a cached file's tensors are copied out of its map: on the caller's thread
+    where every tensor is kept as read, on the reader's threads where some are converted
+    (transient); with `map_when_cached` off they are read from the file. The values are the
+    same every way."""
+    path, _ = write_dit_checkpoint(tmp_path, config=CONFIG, dtype=torch.bfloat16)
+    path.read_bytes()  # every page cached
+    want, _ = load_dit(build, path, plan=ORDINARY, kinds=LINEAR_KINDS, dtype=dtype)
+    reading = ReadOptions(map_when_cached=map_when_cached)
+    options = DiTOptions(reading=reading)
+    got, _ = load_dit(build, path, plan=DIRECT, kinds=LINEAR_KINDS, dtype=dtype, options=options)
+    assert_same_state(got, want)
+    reader = StagingReader(open_checkpoint(path), engine=CpuEngine(), device=CPU, options=reading)
+    read = {name: reader.read(name, device=CPU) for name in reader}
+    assert (reader._threads == []) == map_when_cached  # from the map: on the caller's thread
+    reader.close()
+    assert len(read) == len(open_checkpoint(path).tensors)
+
+
 def test_o_direct_reads_aligned_ranges(tmp_path: Path, nothing_left: None) -> None:
     path, _ = write_dit_checkpoint(tmp_path, config=CONFIG)
     want, _ = load_dit(build, path, plan=ORDINARY, kinds=LINEAR_KINDS)
