@@ -225,10 +225,10 @@ class StagingReader(TensorReader):
         for fill in self.fills:
             for segment in fill.segments:
                 self._tensors[segment.name].left += 1
-        # Every fill copied out of a map, every tensor kept: the caller's thread copies each
-        # tensor as it asks for it, as the copy path does (torch's `copy_` takes the intra-op
+        # Every file cached, every tensor kept: the caller's thread copies each tensor out of
+        # the map as it asks for it, as the copy path does (torch's `copy_` takes the intra-op
         # threads itself; reader threads beside it would only oversubscribe the cores).
-        self._on_caller = self._all_mapped() and all(t.kept for t in self._tensors.values())
+        self._on_caller = cached and all(t.kept for t in self._tensors.values())
         self._cond = threading.Condition()
         self._next = 0  # the first fill no thread took yet
         self._position = -1  # the index of the name the caller read last
@@ -445,10 +445,6 @@ class StagingReader(TensorReader):
             with self._cond:
                 state.left -= 1
                 self._cond.notify_all()
-
-    def _all_mapped(self) -> bool:
-        """Whether every fill will be copied out of a map (`_mapped_if_cached`)."""
-        return bool(self._samples) and all(self._cached(f) or not f.length for f in self.fills)
 
     def _cached(self, fill: Fill) -> bool:
         samples = self._samples.get(fill.info.file)
