@@ -108,6 +108,15 @@ def build() -> nn.Module:
 # --- bit-exact against an ordinary load -------------------------------------------------------
 
 
+def assert_ring_drained(engine: DelayedEngine, bound: int) -> None:
+    """Closed after a load: the engine ran copies, got every staging buffer back, and never
+    held more than `bound` bytes of them at once."""
+    engine.close()
+    assert engine.copies > 0
+    assert engine.in_use == 0
+    assert engine.peak <= bound
+
+
 def direct_dit_equals_ordinary(
     path: Path, seed: int, dtype: torch.dtype | None, *, delay: float = 0.002
 ) -> None:
@@ -122,10 +131,7 @@ def direct_dit_equals_ordinary(
             dtype=dtype,
             options=dit_options(engine, staging, buffers),
         )
-        engine.close()
-        assert engine.copies > 0
-        assert engine.in_use == 0
-        assert engine.peak <= staging * buffers
+        assert_ring_drained(engine, staging * buffers)
         assert report.plan.load_full_state_dict_on_device
         assert_same_state(got, want)
 
@@ -143,10 +149,7 @@ def vae_stream_equals_ordinary(
             dtype=dtype,
             options=vae_options(engine, staging, buffers),
         )
-        engine.close()
-        assert engine.copies > 0
-        assert engine.in_use == 0
-        assert engine.peak <= staging * buffers
+        assert_ring_drained(engine, staging * buffers)
         assert_same_state(got, want)
 
 

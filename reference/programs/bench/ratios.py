@@ -37,6 +37,17 @@ def _fig(size: Figures, path: str, cache: str, key: str) -> float:
     return float(size["paths"][path][cache][key])
 
 
+def _time_over(name: str, target: float, path: str, other: str, cache: str = "warm") -> Ratio:
+    """`name`: `path`'s load time over `other`'s, both in `cache`, at most `target`."""
+    return Ratio(
+        name,
+        "<=",
+        lambda s: target,
+        lambda s: _fig(s, path, cache, "load_s") / _fig(s, other, cache, "load_s"),
+        ((path, cache), (other, cache)),
+    )
+
+
 def _rate(size: Figures, path: str, cache: str) -> float:
     return float(size["paths"][path]["bytes"]) / _fig(size, path, cache, "load_s")
 
@@ -76,15 +87,7 @@ RATIOS = (
         lambda s: _fig(s, "dit_zero_copy", "warm", "anon_peak") / s["dit"]["bytes"],
         (("dit_zero_copy", "warm"),),
     ),
-    Ratio(
-        "zero_copy_time_over_copy_time",
-        "<=",
-        lambda s: 0.05,
-        lambda s: (
-            _fig(s, "dit_zero_copy", "warm", "load_s") / _fig(s, "dit_copy_pool", "warm", "load_s")
-        ),
-        (("dit_zero_copy", "warm"), ("dit_copy_pool", "warm")),
-    ),
+    _time_over("zero_copy_time_over_copy_time", 0.05, "dit_zero_copy", "dit_copy_pool"),
     Ratio(
         "cold_copy_throughput_over_best_cold_read",
         ">=",
@@ -179,15 +182,8 @@ RATIOS = (
         lambda s: _fig(s, "ddit_zero_copy", "warm", "anon_peak") / s["ddit"]["bytes"],
         (("ddit_zero_copy", "warm"),),
     ),
-    Ratio(
-        "diffusers_offload_time_over_from_pretrained",
-        "<=",
-        lambda s: 0.8,
-        lambda s: (
-            _fig(s, "ddit_zero_copy", "warm", "load_s")
-            / _fig(s, "ddit_pretrained", "warm", "load_s")
-        ),
-        (("ddit_zero_copy", "warm"), ("ddit_pretrained", "warm")),
+    _time_over(
+        "diffusers_offload_time_over_from_pretrained", 0.8, "ddit_zero_copy", "ddit_pretrained"
     ),
     Ratio(
         "te_zero_copy_anon_over_checkpoint",
@@ -196,23 +192,13 @@ RATIOS = (
         lambda s: _fig(s, "te_zero_copy", "warm", "anon_peak") / s["te"]["bytes"],
         (("te_zero_copy", "warm"),),
     ),
-    Ratio(
-        "te_offload_time_over_from_pretrained",
-        "<=",
-        lambda s: 0.5,
-        lambda s: (
-            _fig(s, "te_zero_copy", "warm", "load_s") / _fig(s, "te_pretrained", "warm", "load_s")
-        ),
-        (("te_zero_copy", "warm"), ("te_pretrained", "warm")),
-    ),
-    Ratio(
+    _time_over("te_offload_time_over_from_pretrained", 0.5, "te_zero_copy", "te_pretrained"),
+    _time_over(
         "cold_te_offload_time_over_cold_from_pretrained",
-        "<=",
-        lambda s: 1.0,
-        lambda s: (
-            _fig(s, "te_zero_copy", "cold", "load_s") / _fig(s, "te_pretrained", "cold", "load_s")
-        ),
-        (("te_zero_copy", "cold"), ("te_pretrained", "cold")),
+        1.0,
+        "te_zero_copy",
+        "te_pretrained",
+        cache="cold",
     ),
     Ratio(
         "te_adopted_over_checkpoint",
@@ -228,16 +214,7 @@ RATIOS = (
         lambda s: _fig(s, "te_pretrained", "warm", "anon_peak") / s["te"]["bytes"],
         (("te_pretrained", "warm"),),
     ),
-    Ratio(
-        "guarded_meta_build_over_unguarded",
-        "<=",
-        lambda s: 1.1,
-        lambda s: (
-            _fig(s, "wan14b_guarded", "warm", "load_s")
-            / _fig(s, "wan14b_unguarded", "warm", "load_s")
-        ),
-        (("wan14b_guarded", "warm"), ("wan14b_unguarded", "warm")),
-    ),
+    _time_over("guarded_meta_build_over_unguarded", 1.1, "wan14b_guarded", "wan14b_unguarded"),
     *(
         Ratio(
             f"{prefix}pipeline_over_slowest_alone_or_read_limit",
@@ -248,24 +225,9 @@ RATIOS = (
         )
         for prefix, cache in (("", "warm"), ("cold_", "cold"))
     ),
-    Ratio(
-        "pipeline_over_sequential",
-        "<=",
-        lambda s: 0.75,
-        lambda s: (
-            _fig(s, "pipe_copy", "warm", "load_s")
-            / _fig(s, "pipe_copy_sequential", "warm", "load_s")
-        ),
-        (("pipe_copy", "warm"), ("pipe_copy_sequential", "warm")),
-    ),
-    Ratio(
-        "pipeline_offload_over_diffusers_from_pretrained",
-        "<=",
-        lambda s: 0.5,
-        lambda s: (
-            _fig(s, "pipe_offload", "warm", "load_s") / _fig(s, "pipe_pretrained", "warm", "load_s")
-        ),
-        (("pipe_offload", "warm"), ("pipe_pretrained", "warm")),
+    _time_over("pipeline_over_sequential", 0.75, "pipe_copy", "pipe_copy_sequential"),
+    _time_over(
+        "pipeline_offload_over_diffusers_from_pretrained", 0.5, "pipe_offload", "pipe_pretrained"
     ),
     Ratio(
         "pipeline_anon_peak_over_sequential",
