@@ -5,26 +5,31 @@
 # Optional packages (hypothesis, diffusers, tqdm, matplotlib) are skipped with a reason or
 # imported only by the command that needs them.
 #
-#   .ci/bare-venv.sh [VENV]   # VENV: where to make the venv (a new folder); default a temporary one
+#   .ci/bare-venv.sh [--install-only] [VENV]
+#     VENV: the venv to use (made where missing); default a new temporary one.
+#     --install-only: make VENV and install its packages, run nothing (.ci/run does it while
+#     tox installs the unit tier's environment: two installs, mostly one core each, at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+install_only=false
+if [ "${1:-}" = "--install-only" ]; then install_only=true; shift; fi
 venv="${1:-$(mktemp -d)/bare}"
-python3 -m venv "$venv"
-# PIP_CONSTRAINT (set by .ci/run) keeps torch on its CPU build here too.
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+# PIP_CONSTRAINT (set by .ci/run) keeps torch on its CPU build here too. In a venv that has
+# them, this only checks.
 "$venv/bin/python" -m pip install --quiet torch safetensors numpy pytest pytest-mock
+if "$install_only"; then exit 0; fi
 "$venv/bin/python" -m pip list --format=freeze | grep -iE '^(torch|safetensors|numpy|pytest|pytest-mock|tqdm|hypothesis|diffusers)=' || true
 export CUDA_VISIBLE_DEVICES=
-# Two processes, every other test file each (the bare venv has no pytest-xdist): the machine's
-# two cores, a bit more than half the wall time of one.
+# Two processes, every other test each (.ci/shard.py; the bare venv has no pytest-xdist), one
+# torch thread each: two processes of torch's default two threads on two cores took 49 s each,
+# of one thread 43 s (2026-12-07).
 logs="$(mktemp -d)"
-files=(tests/unit/test_*.py)
-halves=("" "")
-for i in "${!files[@]}"; do halves[i % 2]+="${files[i]} "; done
 pids=()
 for half in 0 1; do
-    # shellcheck disable=SC2086 # the file names hold no spaces
-    "$venv/bin/python" -m pytest ${halves[half]} --loader=reference --runtime-device=cpu -q \
-        -p no:cacheprovider -m "not selftest and not long" -rs >"$logs/half-$half.log" 2>&1 &
+    OMP_NUM_THREADS=1 PYTHONPATH=.ci "$venv/bin/python" -m pytest tests/unit -p shard --shard="$half/2" \
+        --loader=reference --runtime-device=cpu -q -p no:cacheprovider \
+        -m "not selftest and not long" -rs >"$logs/half-$half.log" 2>&1 &
     pids+=($!)
 done
 status=0

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -47,6 +48,7 @@ from reference.kit.seam import PIPELINES, ComponentRequest, Precisions, SeamLoad
 from reference.request.quantization import QuantizationSpec
 
 from .command import ROOT, Result, run_reference, run_reference_fresh
+from .written import copy_of_written
 
 EXTRA = f"needs the diffusers extra: {install_hint('diffusers')}"
 OWN_CLI = "drives the reference's own command line, class resolution and wording"
@@ -84,7 +86,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory, diffusers: ModuleType) -> dict
             shutil.rmtree(root, ignore_errors=True)
             for name, pipeline in PIPELINES_BY_NAME.items():
                 for layout, sharded in LAYOUTS.items():
-                    write_hub_pipeline(root / f"{name}-{layout}", pipeline, seed=3, sharded=sharded)
+                    copy_of_written(
+                        ("hub", name, layout),
+                        root / f"{name}-{layout}",
+                        partial(write_hub_pipeline, pipeline=pipeline, seed=3, sharded=sharded),
+                    )
             (root / "written").touch()
     return {
         f"{name}-{layout}": root / f"{name}-{layout}"

@@ -710,7 +710,8 @@ def test_an_isolated_attempt_that_blocks_is_killed_and_the_others_report() -> No
     spec = f"{__name__}:SlowReader"
     marked = frozenset({CHECKPOINT_SAFETY})
     started = time.monotonic()
-    blocked = attempt(spec, marked, "inspect_checkpoint", "block", deadline=10)
+    # The deadline counts from the child's readiness, so a short one still blocks only "block".
+    blocked = attempt(spec, marked, "inspect_checkpoint", "block", deadline=2)
     assert blocked.outcome == "blocked"
     assert time.monotonic() - started < 30
     refused = attempt(spec, marked, "inspect_checkpoint", "refuse")

@@ -16,6 +16,7 @@ import gc
 import json
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,8 @@ from reference.kit.seam import (
     ServingOptions,
 )
 
+from .written import copy_of_written
+
 pytestmark = pytest.mark.capability(WHOLE_PIPELINE)
 
 EXTRA = f"needs the diffusers extra (diffusers, transformers): {install_hint('diffusers')}"
@@ -73,7 +76,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
     def get(name: str) -> Path:
         if name not in written:
-            written[name] = write_hub_pipeline(base / name, HUB_PIPELINES[name], seed=3)
+            written[name] = copy_of_written(
+                ("hub", name),
+                base / name,
+                partial(write_hub_pipeline, pipeline=HUB_PIPELINES[name], seed=3),
+            )
         return written[name]
 
     return get
