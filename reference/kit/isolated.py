@@ -167,18 +167,8 @@ def _picklable(value: Any) -> Any:
 def _context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        # Imported once in the server, before any child: torch's import is most of a spawn,
-        # and diffusers' and transformers' model code (where installed: the server skips a
-        # module it cannot import) was a second of each child that loads a pipeline. Neither
-        # asks CUDA anything as it is imported, so the server stays fit to fork.
-        context.set_forkserver_preload(
-            [
-                "torch",
-                __name__,
-                "diffusers.models.modeling_utils",
-                "transformers.modeling_utils",
-            ]
-        )
+        # Imported once in the server, before any child: torch's import is most of a spawn.
+        context.set_forkserver_preload(["torch", __name__])
         return context
     return multiprocessing.get_context("spawn")
 
