@@ -196,8 +196,6 @@ class AdoptedBytes:
 
     def __init__(self) -> None:
         self._spaces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
-        # The tensor `clash` located last: a load asks `clash` and then `add` of each tensor.
-        self._last: tuple[torch.Tensor, tuple[tuple[str, int], int, int]] | None = None
 
     @staticmethod
     def _locate(tensor: torch.Tensor) -> tuple[tuple[str, int], int, int]:
@@ -211,9 +209,7 @@ class AdoptedBytes:
 
     def clash(self, tensor: torch.Tensor) -> str | None:
         """The name of an adopted tensor sharing bytes with `tensor`, or None."""
-        located = self._locate(tensor)
-        self._last = (tensor, located)
-        space, start, end = located
+        space, start, end = self._locate(tensor)
         ranges = self._spaces.get(space, [])
         before = bisect.bisect_left(ranges, (end,))  # ranges starting before `end`
         if start < end and before and ranges[before - 1][1] > start:
@@ -221,10 +217,7 @@ class AdoptedBytes:
         return None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        last, self._last = self._last, None
-        space, start, end = (
-            last[1] if last is not None and last[0] is tensor else self._locate(tensor)
-        )
+        space, start, end = self._locate(tensor)
         bisect.insort(self._spaces.setdefault(space, []), (start, end, name))
 
 
