@@ -110,11 +110,11 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 def _one_arena() -> None:
-    """glibc: every thread allocates from the main arena. `malloc_trim` gives back the free
-    top of the main arena only, not of a thread's own arena, so a load's threads could leave
-    freed memory resident (measured: a failed pipeline load, nothing of it alive, 14 MiB in a
-    thread's arena in 3 of 16 attempts; none of 16 with one arena), which a test would count as
-    memory the load kept. Elsewhere nothing to do."""
+    """With glibc, make every thread allocate from the main arena. `malloc_trim` gives back
+    the free top of the main arena only, not of a thread's own arena, so a load's threads could
+    leave freed memory resident (measured: a failed pipeline load, nothing of it alive, 14 MiB
+    in a thread's arena in 3 of 16 attempts; none of 16 with one arena), which a test would
+    count as memory the load kept. Elsewhere nothing to do."""
     try:
         import ctypes
 
