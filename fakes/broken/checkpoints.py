@@ -16,7 +16,7 @@ from fakes.broken.base import BrokenAdapter
 from reference.errors import CheckpointError
 from reference.kit.seam import ComponentRequest, DitRequest, VaeRequest
 from reference.load import dit
-from reference.place.modules import Slot
+from reference.place.modules import Slot, Slots
 from reference.place.stream import StreamPlan
 from reference.place.stream import preflight as reference_preflight
 from reference.read.checkpoint import (
@@ -273,9 +273,15 @@ class ReadsDotfilesAsShards(BrokenAdapter):
             ours = merged
 
             def check_names(
-                module: nn.Module, names: set[str], *, component: str, files: Sequence[Path] = ()
+                module: nn.Module,
+                names: set[str],
+                *,
+                component: str,
+                files: Sequence[Path] = (),
+                slots: Slots | None = None,
             ) -> None:
-                dit.check_names(module, set(ours.tensors), component=component, files=ours.files)
+                names = set(ours.tensors)
+                dit.check_names(module, names, component=component, files=ours.files, slots=slots)
 
             steps = replace(steps, reader=lambda _: TensorReader(ours), check_names=check_names)
         return self.load_dit_with(request, steps)

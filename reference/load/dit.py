@@ -36,7 +36,9 @@ from reference.place.host_memory import (
     refuse_beyond_host,
 )
 from reference.place.modules import (
+    Slots,
     find_slots,
+    in_eval_mode,
     rebuild_non_persistent_buffers,
     refuse_unrebuildable_buffers,
 )
@@ -75,19 +77,25 @@ __all__ = [
 
 
 def check_names(
-    module: nn.Module, names: set[str], *, component: str, files: Sequence[Path] = ()
+    module: nn.Module,
+    names: set[str],
+    *,
+    component: str,
+    files: Sequence[Path] = (),
+    slots: Slots | None = None,
 ) -> None:
     """CKPT-3: the checkpoint's names are exactly the module's slots (aliases count), checked
-    from the headers before any tensor is read.
+    from the headers before any tensor is read. `slots`: the module's slots where the caller
+    has them (`find_slots(module)`), so that a load walks its module once.
 
     Raises:
         StateMismatchError: listing the unknown and the missing names.
     """
-    found = find_slots(module)
-    slots, aliases = found.by_name, found.aliases
+    found = find_slots(module) if slots is None else slots
+    by_name, aliases = found.by_name, found.aliases
     where = f" ({listed(sorted({f.name for f in files}))})" if files else ""
-    unknown = sorted(names - set(slots) - set(aliases))
-    missing = sorted(set(slots) - names)
+    unknown = sorted(names - by_name.keys() - aliases.keys())
+    missing = sorted(by_name.keys() - names)
     if unknown or missing:
         raise StateMismatchError(
             f"{component}: checkpoint{where} and model disagree before any tensor was read;"
@@ -103,6 +111,17 @@ def build_dit(
     dtype: torch.dtype | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> nn.Module:
+    """The module `built_dit` builds (its slots aside)."""
+    return built_dit(build, component=component, dtype=dtype, checkpoint=checkpoint)[0]
+
+
+def built_dit(
+    build: Callable[[], nn.Module],
+    *,
+    component: str,
+    dtype: torch.dtype | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> tuple[nn.Module, Slots]:
     """Construct the DiT as the VAE is constructed (reference.place.build.build_on_meta):
     parameters and persistent buffers go to `meta` as they are registered, while non-persistent
     buffers (rotary tables, index ranges) are computed for real on the default device, as an
@@ -121,6 +140,9 @@ def build_dit(
     (`reference.place.host_memory.construction_budget`: a config.json that sizes a table far
     past the weights is refused before the table is allocated).
 
+    Returns:
+        The module, and its slots as built (`find_slots`), for the steps that follow.
+
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
         HostMemoryError: the construction would take more host memory than it may.
@@ -130,9 +152,7 @@ def build_dit(
         # Standard layers' parameters are made in `dtype` already (cast_slots then has less to do).
         module = build_on_meta(build, component=component, dtype=dtype)
     refuse_unrebuildable_buffers(module, component=component)
-    if dtype is not None:
-        cast_slots(module, dtype)
-    return module
+    return module, find_slots(module) if dtype is None else cast_slots(module, dtype)
 
 
 def dit_reader(
@@ -143,8 +163,10 @@ def dit_reader(
     copies_every_tensor: bool,
     device: torch.device,
     kinds: LinearKinds,
+    slots: Slots | None = None,
 ) -> TensorReader:
-    """The reference's reader for one DiT load into `module` (built, not yet loaded).
+    """The reference's reader for one DiT load into `module` (built, not yet loaded; `slots`
+    its slots where the caller has them).
 
     A load that copies every tensor (adoption off; or direct mode with `workers=0`, the one
     direct load that comes here instead of `direct_reader`) reads through the pool where
@@ -161,11 +183,11 @@ def dit_reader(
         return TensorReader(checkpoint, prefetch=prefetch_workers(reading))
     if device.type != "cpu":
         return PooledReader(checkpoint, pool)
-    slots = find_slots(module).by_name
+    by_name = (find_slots(module) if slots is None else slots).by_name
     probe = TensorReader(checkpoint)  # map views to judge by: nothing is read
 
     def kept(info: TensorInfo) -> bool:
-        slot = slots.get(info.name)
+        slot = by_name.get(info.name)
         if slot is None:
             return False
         if keeps_read_tensor(slot, info.dtype, info.shape, device):
@@ -194,6 +216,7 @@ def direct_reader(
     kinds: LinearKinds,
     steps: DiTSteps,
     component: str,
+    slots: Slots | None = None,
 ) -> TensorReader:
     """Direct mode's reader (DG-4, DG-8): `steps.staging` reads every tensor through a bounded
     ring of host buffers onto `device` with `steps.engine` (the device's own by default), each
@@ -201,12 +224,12 @@ def direct_reader(
     read (adopted: the zero-copy verdict in direct mode, ZC-2..8, judged from the header; or,
     onto the CPU, kept by the copy path as the slot's tensor) are read ahead freely; the others
     are transient, one at a time, so device memory stays within the model plus one tensor
-    (DG-5, PREC-5)."""
-    slots = find_slots(module).by_name
+    (DG-5, PREC-5). `slots`: `module`'s slots where the caller has them."""
+    by_name = (find_slots(module) if slots is None else slots).by_name
     meta = torch.device("meta")
 
     def kept(info: TensorInfo) -> bool:
-        slot = slots.get(info.name)
+        slot = by_name.get(info.name)
         if slot is None:
             return False
         if keeps_read_tensor(slot, info.dtype, info.shape, device):
@@ -238,7 +261,8 @@ class DiTSteps:
     says. `staging` makes direct mode's reader (`reference.read.staging.StagingReader`'s
     signature), with `engine` as its copy engine: None is the device's own
     (`reference.read.engine.engine_for`: the CPU's for `cpu`, CUDA's for `cuda`); a test passes
-    a fake engine here (the kit's `DelayedEngine`)."""
+    a fake engine here (the kit's `DelayedEngine`). `check_names` is called as `check_names`
+    is, with the module's slots as `slots=`."""
 
     adopt: AdoptSteps = REFERENCE_ADOPT_STEPS
     reader: Callable[[Checkpoint], TensorReader] | None = None
@@ -338,9 +362,9 @@ def load_dit(
         opened = open_checkpoint(checkpoint)
         host_bytes = host_room(opened, plan.checkpoint_load_device, options, component=component)
     with clock.step("build"):
-        module = build_dit(build, component=component, dtype=dtype, checkpoint=opened)
+        module, slots = built_dit(build, component=component, dtype=dtype, checkpoint=opened)
         options.steps.check_names(
-            module, set(opened.tensors), component=component, files=opened.files
+            module, set(opened.tensors), component=component, files=opened.files, slots=slots
         )
     records = place_tensors(
         module,
@@ -351,6 +375,7 @@ def load_dit(
         host_bytes=host_bytes,
         component=component,
         clock=clock,
+        slots=slots,
     )
     with clock.step("finish"):
         events = finish(
@@ -372,7 +397,7 @@ def load_dit(
         steps=clock.seconds(),
     )
     # In eval mode, as diffusers' from_pretrained returns a model.
-    return module.eval(), report
+    return in_eval_mode(module), report
 
 
 def host_room(
@@ -404,11 +429,12 @@ def place_tensors(
     host_bytes: int | None,
     component: str,
     clock: StepClock | None = None,
+    slots: Slots | None = None,
 ) -> tuple[TensorRecord, ...]:
     """Read every tensor onto the plan's load device and give it its slot (adopted or copied:
     `reference.place.adopt.load_full_state`). A mismatch found while a tensor was in hand names
     that tensor's file. With `clock`, making the reader and waiting on it count as the `read`
-    step, the rest as `place`.
+    step, the rest as `place`. `slots`: `module`'s slots where the caller has them.
 
     Raises:
         StateMismatchError: a tensor and its slot disagree.
@@ -416,6 +442,7 @@ def place_tensors(
     """
     clock = StepClock() if clock is None else clock
     began = time.perf_counter()
+    slots = find_slots(module) if slots is None else slots
     device = plan.checkpoint_load_device
     direct = plan.load_full_state_dict_on_device
     steps = options.steps
@@ -430,6 +457,7 @@ def place_tensors(
             kinds=kinds,
             steps=steps,
             component=component,
+            slots=slots,
         )
     else:
         copies_every_tensor = direct or not options.adopt
@@ -440,6 +468,7 @@ def place_tensors(
             copies_every_tensor=copies_every_tensor,
             device=device,
             kinds=kinds,
+            slots=slots,
         )
     clock.add("read", time.perf_counter() - began)
     began = time.perf_counter()
@@ -457,6 +486,7 @@ def place_tensors(
             host_bytes=host_bytes,
             component=component,
             map_views=True,
+            slots=slots,
         )
     except StateMismatchError as exc:
         if tensors.current is None:

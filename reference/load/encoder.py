@@ -33,7 +33,7 @@ from reference.place.build import build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.diffusers_models import PLAIN_TORCH_KINDS
 from reference.place.host_memory import construction_guard
-from reference.place.modules import refuse_unrebuildable_buffers
+from reference.place.modules import in_eval_mode, refuse_unrebuildable_buffers
 from reference.place.ties import Twins, check_twins, tie_slots, tied_names
 from reference.read.checkpoint import Checkpoint, open_checkpoint, skipped_notes
 from reference.report.steps import StepClock
@@ -113,9 +113,10 @@ def build_tied_encoder(
     """
     module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
     steps.tie(module, model.ties(module), component=component)
-    cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
+    slots = cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
     opened, twins = tied_names(written, module)
-    steps.dit.check_names(module, set(opened.tensors), component=component, files=opened.files)
+    names = set(opened.tensors)
+    steps.dit.check_names(module, names, component=component, files=opened.files, slots=slots)
     return module, opened, twins
 
 
@@ -214,4 +215,4 @@ def load_encoder(
         precision=dtype,
         steps=clock.seconds(),
     )
-    return module.eval(), report
+    return in_eval_mode(module), report

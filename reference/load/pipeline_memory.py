@@ -63,8 +63,9 @@ def check_shapes(module: nn.Module, checkpoint: Checkpoint, *, component: str) -
     Raises:
         StateMismatchError: naming the unknown and missing names, or each wrong shape.
     """
-    check_names(module, set(checkpoint.tensors), component=component, files=checkpoint.files)
     found = find_slots(module)
+    names = set(checkpoint.tensors)
+    check_names(module, names, component=component, files=checkpoint.files, slots=found)
     wrong = []
     for name, info in sorted(checkpoint.tensors.items()):
         slot = found.by_name.get(found.aliases.get(name, name))

@@ -42,6 +42,7 @@ from reference.place.host_memory import (
 )
 from reference.place.modules import (
     Slot,
+    in_eval_mode,
     rebuild_non_persistent_buffers,
     refuse_unrebuildable_buffers,
 )
@@ -323,7 +324,7 @@ def load_vae(
     notes = skipped_notes(checkpoint.skipped)
     seconds = time.perf_counter() - start
     # In eval mode, as diffusers' from_pretrained returns a model.
-    return module.eval(), LoadReport(
+    return in_eval_mode(module), LoadReport(
         component, load_plan, records, seconds, events, notes, precision=dtype
     )
 

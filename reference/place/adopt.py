@@ -22,7 +22,7 @@ from torch import nn
 
 from reference.errors import StateMismatchError
 from reference.place.host_memory import COPY_FIX, refuse_beyond_host, slot_bytes
-from reference.place.modules import Slot, find_slots
+from reference.place.modules import Slot, Slots, find_slots
 from reference.place.records import How, TensorRecord
 
 __all__ = [
@@ -348,6 +348,7 @@ def load_full_state(
     host_bytes: int | None = None,
     component: str = "the module",
     map_views: bool = False,
+    slots: Slots | None = None,
 ) -> tuple[TensorRecord, ...]:
     """Give every slot of `module` (built on `meta`) its tensor: adopted or freshly copied.
 
@@ -365,6 +366,7 @@ def load_full_state(
     With `map_views` (the tensors not in `fresh` are views of a file's private map, as a
     `TensorReader` reads them), direct mode onto the CPU adopts host memory of the tensor's own,
     never the file's map (PLAN-3): such a tensor the verdict adopts is copied once first.
+    `slots`: `module`'s slots (`find_slots`) where the caller has them already.
 
     Returns:
         One record per loaded slot, in load order.
@@ -374,8 +376,8 @@ def load_full_state(
         StateMismatchError: for an unknown, repeated or missing name, a wrong shape, or an
             assertion inside a weight_loader (naming the parameter, the three shapes and class).
     """
-    found = find_slots(module)
-    slots, aliases = found.by_name, found.aliases
+    found = find_slots(module) if slots is None else slots
+    by_name, aliases = found.by_name, found.aliases
     direct_device = load_device if direct else None
     loaded: dict[str, torch.Tensor] = {}
     records: list[TensorRecord] = []
@@ -384,7 +386,7 @@ def load_full_state(
     for name, read in tensors:
         if name in aliases:
             continue
-        slot = slots.get(name)
+        slot = by_name.get(name)
         if slot is None:
             raise StateMismatchError(
                 f"checkpoint tensor {name!r} matches no parameter or persistent buffer of"
@@ -441,13 +443,13 @@ def load_full_state(
         converted = tensor.dtype if tensor.dtype != new.dtype else None
         records.append(TensorRecord(name, how, new.nbytes, verdict.reason, converted, new.dtype))
         del read, tensor  # hold at most one transient tensor
-    missing = sorted(set(slots) - set(loaded))
+    missing = sorted(set(by_name) - set(loaded))
     if missing:
         raise StateMismatchError(
             f"{type(module).__name__}: no checkpoint tensor for {', '.join(missing)}"
         )
     for name, new in loaded.items():
-        for owner, leaf in slots[name].places:
-            store = owner._parameters if slots[name].is_parameter else owner._buffers
+        for owner, leaf in by_name[name].places:
+            store = owner._parameters if by_name[name].is_parameter else owner._buffers
             store[leaf] = new  # type: ignore[assignment]
     return tuple(records)

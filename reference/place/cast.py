@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from reference.place.modules import find_slots
+from reference.place.modules import Slot, Slots, find_slots
 from reference.request.precision import fp32_modules, keeps_fp32, slot_dtype
 
 __all__ = ["cast_slots"]
@@ -18,10 +18,11 @@ __all__ = ["cast_slots"]
 @torch.no_grad()
 def cast_slots(
     module: nn.Module, dtype: torch.dtype, *, keeps_fp32_key: Callable[[str], bool] | None = None
-) -> dict[str, torch.dtype]:
+) -> Slots:
     """Give every slot of `module` the dtype precision `dtype` asks (`slot_dtype`), in place;
     on a module built on meta nothing is allocated. A parameter keeps its class, attributes
-    and `requires_grad`; tied slots stay tied. Returns each slot's dtype by name.
+    and `requires_grad`; tied slots stay tied. Returns the module's slots as they now are
+    (`find_slots` after the cast, without a second walk: a load passes them on).
 
     `keeps_fp32_key` answers which state keys stay fp32 (a library's own rule, such as
     transformers', `reference.place.transformers_models.fp32_keeper`); by default the
@@ -30,10 +31,9 @@ def cast_slots(
         modules = fp32_modules(module)
         keeps_fp32_key = lambda key: keeps_fp32(key, modules)  # noqa: E731
     found = find_slots(module)
-    dtypes: dict[str, torch.dtype] = {}
+    cast: dict[str, Slot] = {}
     for name, slot in found.by_name.items():
         wanted = slot_dtype(slot.dtype, dtype, kept=keeps_fp32_key(name))
-        dtypes[name] = wanted
         if wanted == slot.dtype:
             continue
         data = slot.tensor.detach().to(wanted)
@@ -45,4 +45,7 @@ def cast_slots(
         for owner, leaf in slot.places:
             store = owner._parameters if slot.is_parameter else owner._buffers
             store[leaf] = new  # type: ignore[assignment]
-    return dtypes
+        cast[name] = Slot(name, new, slot.places, slot.is_parameter)
+    if not cast:
+        return found
+    return Slots({**found.by_name, **cast}, found.aliases)

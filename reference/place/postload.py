@@ -15,6 +15,7 @@ from torch import nn
 
 from reference.errors import QuantizationLoadError
 from reference.place.adopt import LinearKinds
+from reference.place.modules import distinct_submodules, own_attribute
 from reference.request.plan import CPU
 from reference.request.quantization import QuantizationSpec
 
@@ -48,8 +49,8 @@ def process_weights(
     """
     layers = [
         (name, sub, method)
-        for name, sub in module.named_modules()
-        if (method := getattr(sub, "quant_method", None)) is not None
+        for name, sub in distinct_submodules(module)
+        if (method := own_attribute(sub, "quant_method")) is not None
     ]
     quantized = [
         name for name, _, method in layers if not isinstance(method, kinds.unquantized_method)

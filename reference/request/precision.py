@@ -99,8 +99,7 @@ def fp32_modules(module: nn.Module) -> tuple[str, ...]:
 def keeps_fp32(key: str, modules: Sequence[str]) -> bool:
     """Whether the state key `key` lies in one of `modules` (one of its dotted parts is one of
     them), as diffusers matches `_keep_in_fp32_modules`."""
-    parts = key.split(".")
-    return any(module in parts for module in modules)
+    return not set(modules).isdisjoint(key.split("."))
 
 
 def slot_dtype(built: torch.dtype, target: torch.dtype, *, kept: bool) -> torch.dtype:

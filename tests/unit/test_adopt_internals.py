@@ -23,7 +23,14 @@ from reference.place.adopt import (
     same_device,
     zero_copy_verdict,
 )
-from reference.place.modules import find_slots, submodules
+from reference.place.cast import cast_slots
+from reference.place.modules import (
+    distinct_submodules,
+    find_slots,
+    in_eval_mode,
+    own_attribute,
+    submodules,
+)
 
 pytestmark = pytest.mark.reference_only("calls reference.place.adopt's internals directly")
 
@@ -131,6 +138,76 @@ def test_submodules_lists_what_named_modules_lists_without_removing_duplicates()
     got = list(submodules(module))
     assert [path for path, _ in got] == [path for path, _ in expected]
     assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
+
+
+@pytest.mark.internal
+def test_cast_slots_returns_the_slots_find_slots_finds_after_it() -> None:
+    with torch.device("meta"):
+        module = TwoNames()
+    module.register_buffer("steps", torch.zeros(2, dtype=torch.int64, device="meta"))
+    returned = cast_slots(module, torch.bfloat16)
+    found = find_slots(module)
+    assert list(returned.by_name) == list(found.by_name)
+    assert returned.aliases == found.aliases
+    for name, slot in found.by_name.items():
+        mine = returned.by_name[name]
+        assert mine.tensor is slot.tensor
+        assert mine.places == slot.places
+        assert mine.is_parameter == slot.is_parameter
+    assert module.w1 is module.w2
+    assert module.w1.dtype == torch.bfloat16
+    assert module.steps.dtype == torch.int64
+
+
+@pytest.mark.internal
+def test_distinct_submodules_lists_what_named_modules_lists() -> None:
+    shared = nn.Linear(1, 1)
+    module = nn.Sequential(nn.Linear(2, 2), nn.Sequential(shared), shared)
+    got = list(distinct_submodules(module))
+    assert [path for path, _ in got] == [path for path, _ in module.named_modules()]
+    assert all(a is b for (_, a), (_, b) in zip(got, module.named_modules(), strict=True))
+
+
+class _KeepsNormTraining(nn.Module):
+    """A module whose `train` keeps its norm in training mode (a class override to honour)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(2)
+
+    def train(self, mode: bool = True) -> _KeepsNormTraining:
+        super().train(mode)
+        self.norm.training = True
+        return self
+
+
+@pytest.mark.internal
+def test_in_eval_mode_is_eval_and_runs_overrides() -> None:
+    plain = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Dropout()))
+    assert in_eval_mode(plain) is plain
+    assert not any(sub.training for sub in plain.modules())
+    custom = nn.Sequential(_KeepsNormTraining())
+    assert in_eval_mode(custom) is custom
+    assert custom[0].norm.training
+    assert not custom[0].training
+    assert not custom.training
+
+
+class _QuantMethodOnClass(nn.Linear):
+    quant_method = "on the class"
+
+
+@pytest.mark.internal
+def test_own_attribute_is_getattr_with_none_for_a_missing_name() -> None:
+    layer = nn.Linear(2, 2)
+    assert own_attribute(layer, "quant_method") is None
+    layer.quant_method = "on the instance"  # type: ignore[assignment]
+    assert own_attribute(layer, "quant_method") == "on the instance"
+    assert own_attribute(_QuantMethodOnClass(2, 2), "quant_method") == "on the class"
+    holder = nn.Module()
+    holder.quant_method = nn.Identity()  # a registered submodule under that name
+    assert own_attribute(holder, "quant_method") is holder.quant_method
+    assert own_attribute(layer, "weight") is layer.weight
 
 
 @pytest.mark.rule("ZC-10")
