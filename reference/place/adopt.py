@@ -150,8 +150,11 @@ def _plain_refusal(param: torch.Tensor, rule: str | None = None) -> str | None:
     """ZC-6, ZC-7 (both ZC-2c's for a parameter without weight_loader, given as `rule`)."""
     if type(param) is not nn.Parameter:
         return f"{rule or 'ZC-6'}: parameter type is {type(param).__name__}, not Parameter"
+    attributes = param.__dict__
+    if not attributes:  # most parameters carry none
+        return None
     for flag in SPECIAL_FLAGS:
-        if param.__dict__.get(flag, False):
+        if attributes.get(flag, False):
             return f"{rule or 'ZC-7'}: parameter flag {flag} is set"
     return None
 
@@ -195,17 +198,17 @@ class AdoptedBytes:
     """
 
     def __init__(self) -> None:
-        self._spaces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        self._spaces: dict[tuple[str, int | None], list[tuple[int, int, str]]] = {}
 
     @staticmethod
-    def _locate(tensor: torch.Tensor) -> tuple[tuple[str, int], int, int]:
+    def _locate(tensor: torch.Tensor) -> tuple[tuple[str, int | None], int, int]:
+        device = tensor.device
+        if device.type != "meta":
+            start = tensor.data_ptr()  # the storage's address plus the tensor's offset
+            return (device.type, device.index), start, start + tensor.nbytes
         storage = tensor.untyped_storage()
-        meta = tensor.device.type == "meta"
-        space = (str(tensor.device), storage._cdata if meta else 0)
-        start = (0 if meta else storage.data_ptr()) + int(tensor.storage_offset()) * (
-            tensor.element_size()
-        )
-        return space, start, start + int(tensor.nbytes)
+        start = int(tensor.storage_offset()) * tensor.element_size()
+        return ("meta", storage._cdata), start, start + tensor.nbytes
 
     def clash(self, tensor: torch.Tensor) -> str | None:
         """The name of an adopted tensor sharing bytes with `tensor`, or None."""
