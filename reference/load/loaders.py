@@ -51,7 +51,6 @@ from reference.place.adopt import LinearKinds
 from reference.place.build import build_module, build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.host_memory import construction_guard
-from reference.place.records import TensorRecord
 from reference.read import preflight
 from reference.read.checkpoint import Checkpoint, hidden_files, open_checkpoint, skipped_notes
 from reference.report.summary import LoadReport
@@ -321,7 +320,8 @@ class ComponentLoader(ABC):
 
     def load_request(self, request: LoadRequest) -> LoadedComponent:
         """Load one component as `request` decided it (`request_for`, or `prepare`'s request
-        with the module it built): `load_component`, timed, and its report.
+        with the module it built): `load_component`, timed, and its report (the load's own
+        records, events and steps; this request's plan and precision, the folder's notes).
 
         Raises:
             As `load_admitted`.
@@ -329,7 +329,7 @@ class ComponentLoader(ABC):
         component = request.component
         start = time.perf_counter()
         try:
-            module, records = self.load_component(request)
+            module, own = self.load_component(request)
         except LoadError:
             raise  # a refusal, as raised: an explicit request is honoured exactly or refused
         except Exception as exc:
@@ -337,10 +337,12 @@ class ComponentLoader(ABC):
         report = LoadReport(
             component=component.name,
             plan=request.plan,
-            records=tuple(records),
+            records=own.records,
             seconds=time.perf_counter() - start,
+            events=own.events,
             notes=skipped_notes(hidden_files(component.folder)),
             precision=request.dtype,
+            steps=own.steps,
         )
         return LoadedComponent(component.name, module, report)
 
@@ -393,8 +395,10 @@ class ComponentLoader(ABC):
         )
 
     @abstractmethod
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
-        """Load the component as `request` says. Returns the module and one record per tensor."""
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
+        """Load the component as `request` says. Returns the module and the load's own report
+        (one record per tensor; its events and timed steps where the load has them), which
+        `load_request` completes."""
 
     def registered_builder(self, spec: ComponentSpec, **extra: object) -> Callable[[], nn.Module]:
         """A zero-argument build of the component's registered class from its config.json (and
@@ -409,18 +413,19 @@ class ComponentLoader(ABC):
 
 def ordinarily(
     request: LoadRequest, *, build: Callable[[], nn.Module]
-) -> tuple[nn.Module, list[TensorRecord]]:
+) -> tuple[nn.Module, LoadReport]:
     """`reference.load.ordinary.load_ordinarily` as `request` decided it: the plan's load
     device, then CPU when the component is offloaded, else the runtime device."""
     spec = request.component
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
-    return load_ordinarily(
+    module, records = load_ordinarily(
         spec,
         build=build,
         dtype=request.dtype,
         device=request.plan.checkpoint_load_device,
         target=target,
     )
+    return module, LoadReport(component=spec.name, plan=request.plan, records=tuple(records))
 
 
 class VocoderLoader(ComponentLoader):
@@ -429,7 +434,7 @@ class VocoderLoader(ComponentLoader):
     kind = "vocoder"
     direct_support = VOCODER_DIRECT_SUPPORT
 
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         return ordinarily(request, build=self.registered_builder(request.component))
 
 
@@ -566,7 +571,7 @@ class TransformerLoader(ComponentLoader):
     def adopts(self, request: LoadRequest) -> bool:
         return self.options.adopt and not request.direct
 
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         spec = request.component
         if request.direct and not request.preflighted:
             check_direct_memory(request, self.platform)
@@ -584,7 +589,7 @@ class TransformerLoader(ComponentLoader):
             dtype=request.dtype,
             options=self.options,
         )
-        return module, list(report.records)  # load_dit returns it in eval mode
+        return module, report  # load_dit returns it in eval mode
 
 
 class VAELoader(ComponentLoader):
@@ -636,7 +641,7 @@ class VAELoader(ComponentLoader):
     def reuses_build(self, request: LoadRequest) -> bool:
         return request.direct
 
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         spec = request.component
         build = self.model_builder(spec)
         if not request.direct:
@@ -654,7 +659,7 @@ class VAELoader(ComponentLoader):
             quantization=request.quantization,
             dtype=request.dtype,
         )
-        return module, list(report.records)  # load_vae returns it in eval mode
+        return module, report  # load_vae returns it in eval mode
 
 
 class EncoderLoader(ComponentLoader):
@@ -734,7 +739,7 @@ class EncoderLoader(ComponentLoader):
     def adopts(self, request: LoadRequest) -> bool:
         return self.options.adopt
 
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, list[TensorRecord]]:
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         spec = request.component
         model = self.model_for(spec)
         if request.prebuilt is not None:
@@ -747,7 +752,7 @@ class EncoderLoader(ComponentLoader):
             component=spec.name,
             options=self.options,
         )
-        return module, list(report.records)  # load_encoder returns it in eval mode
+        return module, report  # load_encoder returns it in eval mode
 
 
 def _prebuilt(module: nn.Module) -> nn.Module:
