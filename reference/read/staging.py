@@ -11,7 +11,9 @@ every copy out of it completed (`_drain`): refilling it sooner would let a late 
 next bytes. So host memory holds the ring beside the tensors, never the state dict (DG-8).
 
 Where the engine stages in place (`CpuEngine` onto the CPU), the destination is host memory and
-its own staging buffer: the threads read straight into it and no ring is allocated. There, with
+its own staging buffer: the threads read straight into it and no ring is allocated; from the
+disk, where every tensor is kept, each thread reads one contiguous share of the bytes (several
+sequential streams, as the copy path's pool reads). There, with
 `ReadOptions.map_when_cached` (the default), a fill whose bytes are all in the page cache when
 the reader is made is copied into its tensors out of the file's map (torch's `copy_`) instead of
 read with `preadv`: warm, the faster of the two, as for the copy path (`reference.read.reading`).
@@ -216,6 +218,15 @@ class StagingReader(TensorReader):
             samples and 0 not in samples for samples in self._samples.values()
         )
         fill_bytes = max(options.staging_bytes, checkpoint.largest_tensor_bytes if cached else 0)
+        kept_all = all(state.kept for state in self._tensors.values())
+        if self.in_place and kept_all and not cached:
+            # Read from the disk with no ring to bound and no transient to wait for: one
+            # contiguous share of the bytes per thread, as the pool reads the copy path's
+            # (several sequential streams; measured at 512 MiB on 2 cores, cold, 8 fresh
+            # processes each: 0.223 s against 0.264 s in 4 MiB fills taken in turn, and
+            # 0.225 s for `preadv` on 4 threads).
+            total = sum(checkpoint.tensors[name].nbytes for name in order)
+            fill_bytes = max(fill_bytes, -(-total // max(1, options.workers)))
         self.fills = plan_fills(
             [checkpoint.tensors[name] for name in order],
             buffer_bytes=fill_bytes,
@@ -228,7 +239,7 @@ class StagingReader(TensorReader):
         # Every file cached, every tensor kept: the caller's thread copies each tensor out of
         # the map as it asks for it, as the copy path does (torch's `copy_` takes the intra-op
         # threads itself; reader threads beside it would only oversubscribe the cores).
-        self._on_caller = cached and all(t.kept for t in self._tensors.values())
+        self._on_caller = cached and kept_all
         self._cond = threading.Condition()
         self._next = 0  # the first fill no thread took yet
         self._position = -1  # the index of the name the caller read last

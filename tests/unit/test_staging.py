@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from fakes.checkpoints import write_checkpoint
@@ -221,6 +222,27 @@ def test_a_cached_file_read_in_place_equals_an_ordinary_load(
         assert (reader._threads == []) == map_when_cached  # from the map: the caller's thread
     reader.close()
     assert len(read) == len(open_checkpoint(path).tensors)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_in_place_from_the_file_each_thread_reads_one_contiguous_share(
+    tmp_path: Path, nothing_left: None, workers: int
+) -> None:
+    """Onto host memory from the disk, every tensor kept: no ring to bound, so the fills are
+    one contiguous share of the bytes per thread (several sequential streams), and the tensors
+    are the file's all the same."""
+    path, _ = write_dit_checkpoint(tmp_path, config=CONFIG)
+    checkpoint = open_checkpoint(path)
+    reading = ReadOptions(workers=workers, staging_bytes=64, map_when_cached=False)
+    reader = StagingReader(checkpoint, engine=CpuEngine(), device=CPU, options=reading)
+    try:
+        assert len(reader.fills) == workers
+        assert [f.start for f in reader.fills] == sorted(f.start for f in reader.fills)
+        read = {name: reader.read(name, device=CPU).clone() for name in reader}
+    finally:
+        reader.close()
+    with safe_open(path, framework="pt") as f:
+        assert all(torch.equal(read[name], f.get_tensor(name)) for name in f.keys())  # noqa: SIM118
 
 
 def test_o_direct_reads_aligned_ranges(tmp_path: Path, nothing_left: None) -> None:
