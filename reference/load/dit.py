@@ -66,6 +66,7 @@ __all__ = [
     "DiTOptions",
     "DiTSteps",
     "build_dit",
+    "built_dit",
     "check_names",
     "direct_reader",
     "dit_reader",
@@ -111,17 +112,6 @@ def build_dit(
     dtype: torch.dtype | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> nn.Module:
-    """The module `built_dit` builds (its slots aside)."""
-    return built_dit(build, component=component, dtype=dtype, checkpoint=checkpoint)[0]
-
-
-def built_dit(
-    build: Callable[[], nn.Module],
-    *,
-    component: str,
-    dtype: torch.dtype | None = None,
-    checkpoint: Checkpoint | None = None,
-) -> tuple[nn.Module, Slots]:
     """Construct the DiT as the VAE is constructed (reference.place.build.build_on_meta):
     parameters and persistent buffers go to `meta` as they are registered, while non-persistent
     buffers (rotary tables, index ranges) are computed for real on the default device, as an
@@ -140,19 +130,41 @@ def built_dit(
     (`reference.place.host_memory.construction_budget`: a config.json that sizes a table far
     past the weights is refused before the table is allocated).
 
-    Returns:
-        The module, and its slots as built (`find_slots`), for the steps that follow.
-
     Raises:
         StateDictABIError: non-persistent buffers on meta that no `rebuild_buffers` recomputes.
         HostMemoryError: the construction would take more host memory than it may.
     """
+    module = _constructed(build, component=component, dtype=dtype, checkpoint=checkpoint)
+    if dtype is not None:
+        cast_slots(module, dtype)
+    return module
+
+
+def built_dit(
+    build: Callable[[], nn.Module],
+    *,
+    component: str,
+    dtype: torch.dtype | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> tuple[nn.Module, Slots]:
+    """`build_dit`, and the module's slots as built (`find_slots`) for the steps of a load."""
+    module = _constructed(build, component=component, dtype=dtype, checkpoint=checkpoint)
+    return module, find_slots(module) if dtype is None else cast_slots(module, dtype)
+
+
+def _constructed(
+    build: Callable[[], nn.Module],
+    *,
+    component: str,
+    dtype: torch.dtype | None,
+    checkpoint: Checkpoint | None,
+) -> nn.Module:
     total = None if checkpoint is None else checkpoint.total_bytes
     with construction_guard(component, checkpoint_bytes=total, ordinary=False):
         # Standard layers' parameters are made in `dtype` already (cast_slots then has less to do).
         module = build_on_meta(build, component=component, dtype=dtype)
     refuse_unrebuildable_buffers(module, component=component)
-    return module, find_slots(module) if dtype is None else cast_slots(module, dtype)
+    return module
 
 
 def dit_reader(
