@@ -121,7 +121,9 @@ class ReadOptions:
             every tensor the load selects through the pool, warm or cold.
         staging_bytes: the size of each staging buffer of a staging read (direct DiT loads, VAE
             streams onto a device: `reference.read.staging`); a tensor larger than a buffer is
-            split across buffers, small ones are packed into one.
+            split across buffers, small ones are packed into one. Onto the CPU the tensors are
+            their own buffers, no ring is allocated, and a read of every tensor kept reads the
+            files in larger ranges (a whole tensor from the map, or one share per thread).
         staging_buffers: how many staging buffers the ring holds: with `staging_bytes`, the
             bound on the host memory a staging read holds beside its tensors (DG-8). Its
             `workers` reader threads fill them (at least one thread where `workers` is 0).
