@@ -38,15 +38,22 @@ def file_position(tensor: torch.Tensor) -> Position | None:
     if tensor.device.type != "cpu" or tensor.nbytes == 0:
         return None
     address = tensor.data_ptr()
+    # The kernel lists the mappings by address, ascending, and writes the text as it is read:
+    # the lines are read, and only their range parsed, up to the one holding `address` (a judge
+    # asks once per tensor, of a process with hundreds of mappings).
     with open(MAPS) as f:
         for line in f:
+            dash = line.index("-")
+            start = int(line[:dash], 16)
+            if start > address:
+                return None
+            if address >= int(line[dash + 1 : line.index(" ", dash)], 16):
+                continue
             fields = line.split(maxsplit=5)
             # Anonymous memory has no path; shared anonymous memory shows as /dev/zero.
             if len(fields) < 6 or not fields[5].startswith("/") or fields[5].startswith("/dev/"):
-                continue
-            start, end = (int(part, 16) for part in fields[0].split("-"))
-            if start <= address < end:
-                return os.path.realpath(fields[5].strip()), address - start + int(fields[2], 16)
+                return None
+            return os.path.realpath(fields[5].strip()), address - start + int(fields[2], 16)
     return None
 
 
