@@ -25,7 +25,6 @@ __all__ = [
     "Entry",
     "Slot",
     "Slots",
-    "distinct_submodules",
     "find_slots",
     "has_method",
     "in_eval_mode",
@@ -80,17 +79,6 @@ def submodules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             (prefix + name, child) for name, child in sub._modules.items() if child is not None
         ]
         stack.extend(reversed(children))
-
-
-def distinct_submodules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """`module.named_modules()`: each submodule once, under the first path it has, the module
-    itself first (`submodules` without the repeats)."""
-    seen: set[int] = set()
-    for path, sub in submodules(module):
-        ident = id(sub)
-        if ident not in seen:
-            seen.add(ident)
-            yield path, sub
 
 
 def walk(module: nn.Module, *, persistent: bool | None = None) -> Iterator[Entry]:
@@ -282,7 +270,7 @@ def rebuild_non_persistent_buffers(
     Raises:
         StateDictABIError: naming the buffers still on meta.
     """
-    for _, sub in distinct_submodules(module):
+    for sub in module.modules():
         if has_method(sub, REBUILD_HOOK):
             getattr(sub, REBUILD_HOOK)(device)
     buffers = non_persistent_buffers(module)

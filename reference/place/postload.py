@@ -15,7 +15,7 @@ from torch import nn
 
 from reference.errors import QuantizationLoadError
 from reference.place.adopt import LinearKinds
-from reference.place.modules import distinct_submodules, own_attribute
+from reference.place.modules import own_attribute
 from reference.request.plan import CPU
 from reference.request.quantization import QuantizationSpec
 
@@ -49,7 +49,7 @@ def process_weights(
     """
     layers = [
         (name, sub, method)
-        for name, sub in distinct_submodules(module)
+        for name, sub in module.named_modules()
         if (method := own_attribute(sub, "quant_method")) is not None
     ]
     quantized = [

@@ -25,7 +25,6 @@ from reference.place.adopt import (
 )
 from reference.place.cast import cast_slots
 from reference.place.modules import (
-    distinct_submodules,
     find_slots,
     in_eval_mode,
     own_attribute,
@@ -157,15 +156,6 @@ def test_cast_slots_returns_the_slots_find_slots_finds_after_it() -> None:
     assert module.w1 is module.w2
     assert module.w1.dtype == torch.bfloat16
     assert module.steps.dtype == torch.int64
-
-
-@pytest.mark.internal
-def test_distinct_submodules_lists_what_named_modules_lists() -> None:
-    shared = nn.Linear(1, 1)
-    module = nn.Sequential(nn.Linear(2, 2), nn.Sequential(shared), shared)
-    got = list(distinct_submodules(module))
-    assert [path for path, _ in got] == [path for path, _ in module.named_modules()]
-    assert all(a is b for (_, a), (_, b) in zip(got, module.named_modules(), strict=True))
 
 
 class _KeepsNormTraining(nn.Module):
