@@ -221,14 +221,13 @@ def dit_reader(
 
 def direct_reader(
     checkpoint: Checkpoint,
-    module: nn.Module,
     *,
+    slots: Slots,
     reading: ReadOptions | None,
     device: torch.device,
     kinds: LinearKinds,
     steps: DiTSteps,
     component: str,
-    slots: Slots | None = None,
 ) -> TensorReader:
     """Direct mode's reader (DG-4, DG-8): `steps.staging` reads every tensor through a bounded
     ring of host buffers onto `device` with `steps.engine` (the device's own by default), each
@@ -236,8 +235,8 @@ def direct_reader(
     read (adopted: the zero-copy verdict in direct mode, ZC-2..8, judged from the header; or,
     onto the CPU, kept by the copy path as the slot's tensor) are read ahead freely; the others
     are transient, one at a time, so device memory stays within the model plus one tensor
-    (DG-5, PREC-5). `slots`: `module`'s slots where the caller has them."""
-    by_name = (find_slots(module) if slots is None else slots).by_name
+    (DG-5, PREC-5). `slots`: the slots of the module the load fills (`find_slots`)."""
+    by_name = slots.by_name
     meta = torch.device("meta")
 
     def kept(info: TensorInfo) -> bool:
@@ -463,13 +462,12 @@ def place_tensors(
     elif direct and (options.reading is None or options.reading.workers):
         reader = direct_reader(
             opened,
-            module,
+            slots=slots,
             reading=options.reading,
             device=device,
             kinds=kinds,
             steps=steps,
             component=component,
-            slots=slots,
         )
     else:
         copies_every_tensor = direct or not options.adopt
