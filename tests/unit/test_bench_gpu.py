@@ -204,6 +204,7 @@ def test_each_row_runs_timed_in_each_cache_and_sampled_once(
     staged = gpu_rows.GPU_ROWS["staged_direct_1"]
     assert gpu.modes_for(staged, "cold", ("warm", "cold")) == ("time",)
     assert gpu.modes_for(gpu_rows.GPU_ROWS["wan_direct"], "cold", ("cold",)) == ("time", "memory")
+    assert gpu.modes_for(gpu_rows.GPU_ROWS["wan_direct"], "cold", ("cold",), ("time",)) == ("time",)
     # a process per run, but the limit rows' runs share one per repetition
     shared = [jobs for jobs in calls if len(jobs) > 1]
     assert len(shared) == 2
@@ -513,8 +514,11 @@ def test_the_child_prints_a_json_line_per_job_and_an_error_as_json(
     assert gpu_rows.main([json.dumps(good)]) == 0
 
 
-@pytest.mark.long  # a fresh interpreter per run: about 90 s on two busy cores
-def test_the_table_in_fresh_interpreters_on_the_cpu(tmp_path: Path) -> None:
+@pytest.mark.long  # a fresh interpreter per run: about 20 s on two busy cores
+def test_the_table_in_fresh_interpreters_on_the_cpu(folder: tuple[Path, dict[str, Any]]) -> None:
+    # Timed runs only: every row once, each in its own interpreter. The sampled runs differ
+    # only in what the child measures, which the in-process table above judges on every row;
+    # one of them runs here in an interpreter of its own.
     document = gpu.run_gpu_bench(
         size_mib=1,
         reps=1,
@@ -522,13 +526,18 @@ def test_the_table_in_fresh_interpreters_on_the_cpu(tmp_path: Path) -> None:
         caches=("warm",),
         device="cpu",
         wan=TINY_WAN,
+        modes=("time",),
         log=lambda line: None,
     )
     table = document["table"]
     assert table["failed"] == []
-    assert "anon_peak" in table["paths"]["dit_direct"]["warm"]
+    assert "load_s" in table["paths"]["dit_direct"]["warm"]
     text = format_gpu_document(document)
     assert text.endswith("\n".join(verdicts(document["ratios"])))
+    where, _ = folder
+    job = gpu_rows.GpuJob(row="dit_direct", folder=where, device="cpu", mode="memory", warmup=where)
+    (sampled,) = gpu.spawned([gpu_rows.as_request(job)])
+    assert "anon_peak" in sampled, sampled
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from reference.programs.bench.gpu_ratios import compute_gpu_ratios, staging_boun
 from reference.programs.bench.gpu_rows import (
     GPU_ROWS,
     LIMIT_MODEL,
+    MODES,
     GpuJob,
     GpuRow,
     as_request,
@@ -120,10 +121,13 @@ def spawned(requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return results + [{"row": r["row"], "error": why} for r in requests[len(results) :]]
 
 
-def modes_for(row: GpuRow, cache: str, caches: Sequence[str]) -> tuple[str, ...]:
-    """The modes `row` runs in `cache`: timed in each, sampled in the first it is measured in."""
+def modes_for(
+    row: GpuRow, cache: str, caches: Sequence[str], modes: Collection[str] = MODES
+) -> tuple[str, ...]:
+    """The modes `row` runs in `cache`, of those in `modes`: timed in each, sampled in the
+    first it is measured in."""
     measured = [c for c in row.caches if c in caches]
-    return tuple(m for m in row.modes if m == "time" or cache == measured[0])
+    return tuple(m for m in row.modes if m in modes and (m == "time" or cache == measured[0]))
 
 
 def _medians(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -232,12 +236,14 @@ def measure_table(
     device: str = CUDA_DEVICE,
     warmup: Path | None = None,
     caches: Sequence[str] = CACHES,
+    modes: Collection[str] = MODES,
 ) -> dict[str, Any]:
     """Run every available row `reps` times (repetition-major) in each of `caches` it is
-    measured in; returns the table: the models' facts, each row's medians per cache (or why it
-    was skipped), the best limit and best peers, and the ratios. A cold run that could not drop
-    its pages marks that (row, cache) skipped; a failed run marks its row failed; neither is
-    run again."""
+    measured in, in each of its modes that `modes` holds (both by default; `("time",)`: no
+    sampled runs, one run per row and cache); returns the table: the models' facts, each
+    row's medians per cache (or why it was skipped), the best limit and best peers, and the
+    ratios. A cold run that could not drop its pages marks that (row, cache) skipped; a failed
+    run marks its row failed; neither is run again."""
     runs = _Runs()
     reasons = {name: _row_reason(row, facts, device) for name, row in GPU_ROWS.items()}
     for _ in range(reps):
@@ -246,7 +252,7 @@ def measure_table(
             if reasons[name] is not None:
                 continue
             for cache in (c for c in caches if c in row.caches):
-                for mode in modes_for(row, cache, caches):
+                for mode in modes_for(row, cache, caches, modes):
                     if (name, cache) in runs.refused or name in runs.failed:
                         break
                     job = GpuJob(
@@ -286,10 +292,12 @@ def run_gpu_bench(
     runner: Runner = spawned,
     wan: Mapping[str, Any] = WAN_1_3B,
     platform: Platform = SYSTEM,
+    modes: Collection[str] = MODES,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
-    """Write the checkpoints into a temporary folder, measure the table; returns the JSON
-    document ({"schema", "command", "repetitions", "machine", "table", "ratios"})."""
+    """Write the checkpoints into a temporary folder, measure the table (in `modes`, as
+    `measure_table` runs them); returns the JSON document ({"schema", "command",
+    "repetitions", "machine", "table", "ratios"})."""
     document: dict[str, Any] = {"schema": SCHEMA, "command": command, "repetitions": reps}
     document["machine"] = {
         "platform": describe(platform),
@@ -305,7 +313,14 @@ def run_gpu_bench(
         facts = write_gpu_folder(folder, size_mib=size_mib, wan=wan)
         log(f"measuring the GPU table on {device}: {reps} repetition(s), {' and '.join(caches)}")
         table = measure_table(
-            folder, facts, reps=reps, runner=runner, device=device, warmup=warmup, caches=caches
+            folder,
+            facts,
+            reps=reps,
+            runner=runner,
+            device=device,
+            warmup=warmup,
+            caches=caches,
+            modes=modes,
         )
     document["machine"]["load_average_after"] = list(os.getloadavg())
     document["table"] = table
