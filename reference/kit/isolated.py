@@ -187,7 +187,12 @@ def _context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         # Imported once in the server, before any child: torch's import is most of a spawn.
-        context.set_forkserver_preload(["torch", __name__])
+        # torch._dynamo (with sympy) is what torch imports the first time a process runs some
+        # ops on meta through their Python references (weight_norm's norm, in a VAE built on
+        # meta): a second per child that builds one, measured 2026-12-07 (3.99 s against 2.06 s
+        # for test_pipe's memory test after another). It calls no CUDA at import, so children
+        # can still initialise CUDA themselves.
+        context.set_forkserver_preload(["torch", "torch._dynamo", __name__])
         return context
     return multiprocessing.get_context("spawn")
 
