@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -62,23 +62,9 @@ class Entry:
 
 
 def submodules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """`module.named_modules(remove_duplicate=False)`: every submodule under every path, the
-    module itself first, in registration order (pre-order).
-
-    One loop over a stack instead of torch's generator per level: a load walks its module
-    several times, and each name of a deep module passed through one generator per level
-    (measured on a 231-tensor Wan DiT: the seven walks of a zero-copy load took 1.3 ms of its
-    25 ms that way).
-    """
-    stack = [("", module)]
-    while stack:
-        path, sub = stack.pop()
-        yield path, sub
-        prefix = f"{path}." if path else ""
-        children = [
-            (prefix + name, child) for name, child in sub._modules.items() if child is not None
-        ]
-        stack.extend(reversed(children))
+    """Every submodule under every path, the module itself first, in registration order
+    (pre-order): `module.named_modules(remove_duplicate=False)`, typed."""
+    return cast(Iterator[tuple[str, nn.Module]], module.named_modules(remove_duplicate=False))
 
 
 def walk(module: nn.Module, *, persistent: bool | None = None) -> Iterator[Entry]:

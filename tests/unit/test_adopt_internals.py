@@ -28,7 +28,6 @@ from reference.place.modules import (
     find_slots,
     in_eval_mode,
     own_attribute,
-    submodules,
 )
 
 pytestmark = pytest.mark.reference_only("calls reference.place.adopt's internals directly")
@@ -116,27 +115,6 @@ def test_find_slots_keeps_every_place_and_alias() -> None:
     assert slots["w1"].places == ((module, "w1"), (module, "w2"))
     assert slots["inner.weight"].places == ((module.inner, "weight"),)
     assert aliases == {"w2": "w1", "again.weight": "inner.weight", "again.bias": "inner.bias"}
-
-
-class _Empty(nn.Module):
-    """A module that is falsy (`len` 0), as an empty ModuleList is."""
-
-    def __len__(self) -> int:
-        return 0
-
-
-@pytest.mark.internal
-def test_submodules_lists_what_named_modules_lists_without_removing_duplicates() -> None:
-    shared = nn.Linear(1, 1)
-    module = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Sequential(shared)))
-    module.add_module("empty", _Empty())
-    module.add_module("blocks", nn.ModuleList())
-    module.add_module("tied", shared)
-    module.add_module("none", None)
-    expected = list(module.named_modules(remove_duplicate=False))
-    got = list(submodules(module))
-    assert [path for path, _ in got] == [path for path, _ in expected]
-    assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
 
 
 @pytest.mark.internal
