@@ -33,7 +33,7 @@ from reference.place.build import build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.diffusers_models import PLAIN_TORCH_KINDS
 from reference.place.host_memory import construction_guard
-from reference.place.modules import in_eval_mode, refuse_unrebuildable_buffers
+from reference.place.modules import Slots, in_eval_mode, refuse_unrebuildable_buffers
 from reference.place.ties import Twins, check_twins, tie_slots, tied_names
 from reference.read.checkpoint import Checkpoint, open_checkpoint, skipped_notes
 from reference.report.steps import StepClock
@@ -43,6 +43,7 @@ from reference.request.plan import WeightLoadPlan
 __all__ = [
     "ENCODER_DEFAULTS",
     "REFERENCE_ENCODER_STEPS",
+    "BuiltEncoder",
     "EncoderModel",
     "EncoderOptions",
     "EncoderSteps",
@@ -91,6 +92,23 @@ def build_encoder(
     return module
 
 
+@dataclass(frozen=True)
+class BuiltEncoder:
+    """An encoder built on meta for its checkpoint (`build_tied_encoder`).
+
+    Attributes:
+        module: the module, its ties made and its slots given their precision.
+        opened: the checkpoint as the module's slots name it (`reference.place.ties.tied_names`).
+        twins: the tied names the checkpoint holds twice, whose values `check_twins` compares.
+        slots: the module's slots (`find_slots`), found once for every step after the build.
+    """
+
+    module: nn.Module
+    opened: Checkpoint
+    twins: tuple[Twins, ...]
+    slots: Slots
+
+
 def build_tied_encoder(
     model: EncoderModel,
     written: Checkpoint,
@@ -98,14 +116,10 @@ def build_tied_encoder(
     dtype: torch.dtype,
     component: str,
     steps: EncoderSteps,
-) -> tuple[nn.Module, Checkpoint, tuple[Twins, ...]]:
+) -> BuiltEncoder:
     """The encoder built on meta (`steps.build`), its declared ties made (TE-2), its slots given
     `dtype` (TE-3, fp32-kept modules aside), and the checkpoint's names checked against its
     slots from the headers (CKPT-3). Reads no tensor data.
-
-    Returns:
-        The module; the checkpoint as its slots name it (`reference.place.ties.tied_names`);
-        the tied names the checkpoint holds twice, whose values `check_twins` compares.
 
     Raises:
         StateMismatchError: names that disagree, or a declared tie the module cannot hold.
@@ -114,10 +128,10 @@ def build_tied_encoder(
     module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
     steps.tie(module, model.ties(module), component=component)
     slots = cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
-    opened, twins = tied_names(written, module)
+    opened, twins = tied_names(written, slots)
     names = set(opened.tensors)
     steps.dit.check_names(module, names, component=component, files=opened.files, slots=slots)
-    return module, opened, twins
+    return BuiltEncoder(module, opened, twins, slots)
 
 
 @dataclass(frozen=True)
@@ -188,19 +202,19 @@ def load_encoder(
             written, plan.checkpoint_load_device, dit_options, component=component
         )
     with clock.step("build"):
-        module, opened, twins = build_tied_encoder(
-            model, written, dtype=dtype, component=component, steps=steps
-        )
-        check_twins(written, twins, component=component)
+        built = build_tied_encoder(model, written, dtype=dtype, component=component, steps=steps)
+        check_twins(written, built.twins, component=component)
+    module = built.module
     records = place_tensors(
         module,
-        opened,
+        built.opened,
         plan=plan,
         kinds=PLAIN_TORCH_KINDS,
         options=dit_options,
         host_bytes=host_bytes,
         component=component,
         clock=clock,
+        slots=built.slots,
     )
     with clock.step("finish"):
         device = plan.checkpoint_load_device

@@ -724,14 +724,14 @@ class EncoderLoader(ComponentLoader):
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
         spec = request.component
-        module, opened, _twins = build_tied_encoder(
+        built = build_tied_encoder(
             self.model_for(spec),
             open_checkpoint(spec.folder),
             dtype=request.dtype,
             component=spec.name,
             steps=self.options.steps,
         )
-        return module, opened
+        return built.module, built.opened
 
     def reuses_build(self, request: LoadRequest) -> bool:
         return True

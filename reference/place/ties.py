@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from reference.errors import StateMismatchError, shown
-from reference.place.modules import find_slots
+from reference.place.modules import Slots
 from reference.read.checkpoint import Checkpoint, TensorReader
 
 __all__ = ["Twins", "check_twins", "tie_slots", "tied_names"]
@@ -65,12 +65,12 @@ class Twins:
     other: str
 
 
-def tied_names(checkpoint: Checkpoint, module: nn.Module) -> tuple[Checkpoint, tuple[Twins, ...]]:
-    """The checkpoint as the module's slots name it, from the headers alone: a tied slot is
+def tied_names(checkpoint: Checkpoint, slots: Slots) -> tuple[Checkpoint, tuple[Twins, ...]]:
+    """The checkpoint as a module's `slots` name it, from the headers alone: a tied slot is
     filled from whichever of its names the checkpoint holds (renamed to the slot's first name),
     and where it holds several, the first present is kept and the others are returned as
     `Twins`, left out of the returned checkpoint (`check_twins` compares them)."""
-    aliases = find_slots(module).aliases
+    aliases = slots.aliases
     if not aliases:
         return checkpoint, ()
     groups: dict[str, list[str]] = {}
