@@ -186,13 +186,18 @@ def _picklable(value: Any) -> Any:
 def _context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
+        import torch
+
         # Imported once in the server, before any child: torch's import is most of a spawn.
-        # torch._dynamo (with sympy) is what torch imports the first time a process runs some
-        # ops on meta through their Python references (weight_norm's norm, in a VAE built on
-        # meta): a second per child that builds one, measured 2026-12-07 (3.99 s against 2.06 s
-        # for test_pipe's memory test after another). It calls no CUDA at import, so children
-        # can still initialise CUDA themselves.
-        context.set_forkserver_preload(["torch", "torch._dynamo", __name__])
+        preload = ["torch", __name__]
+        if not torch.cuda.is_available():
+            # torch._dynamo (with sympy) is what torch imports the first time a process runs
+            # some ops on meta through their Python references (weight_norm's norm, in a VAE
+            # built on meta): a second per child that builds one (measured 2026-12-07: 3.99 s
+            # against 2.06 s for test_pipe's second memory test). Only without CUDA: nothing
+            # the server imports may initialise CUDA, which its children could then not use.
+            preload.insert(1, "torch._dynamo")
+        context.set_forkserver_preload(preload)
         return context
     return multiprocessing.get_context("spawn")
 
