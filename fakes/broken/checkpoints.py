@@ -277,8 +277,8 @@ class ReadsDotfilesAsShards(BrokenAdapter):
                 names: set[str],
                 *,
                 component: str,
+                slots: Slots,
                 files: Sequence[Path] = (),
-                slots: Slots | None = None,
             ) -> None:
                 names = set(ours.tensors)
                 dit.check_names(module, names, component=component, files=ours.files, slots=slots)

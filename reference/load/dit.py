@@ -82,18 +82,16 @@ def check_names(
     names: set[str],
     *,
     component: str,
+    slots: Slots,
     files: Sequence[Path] = (),
-    slots: Slots | None = None,
 ) -> None:
-    """CKPT-3: the checkpoint's names are exactly the module's slots (aliases count), checked
-    from the headers before any tensor is read. `slots`: the module's slots where the caller
-    has them (`find_slots(module)`), so that a load walks its module once.
+    """CKPT-3: the checkpoint's names are exactly the `slots` of `module` (`find_slots`;
+    aliases count), checked from the headers before any tensor is read.
 
     Raises:
         StateMismatchError: listing the unknown and the missing names.
     """
-    found = find_slots(module) if slots is None else slots
-    by_name, aliases = found.by_name, found.aliases
+    by_name, aliases = slots.by_name, slots.aliases
     where = f" ({listed(sorted({f.name for f in files}))})" if files else ""
     unknown = sorted(names - by_name.keys() - aliases.keys())
     missing = sorted(by_name.keys() - names)
@@ -169,16 +167,15 @@ def _constructed(
 
 def dit_reader(
     checkpoint: Checkpoint,
-    module: nn.Module,
     *,
+    slots: Slots,
     reading: ReadOptions | None,
     copies_every_tensor: bool,
     device: torch.device,
     kinds: LinearKinds,
-    slots: Slots | None = None,
 ) -> TensorReader:
-    """The reference's reader for one DiT load into `module` (built, not yet loaded; `slots`
-    its slots where the caller has them).
+    """The reference's reader for one DiT load into a module whose `slots` are given (built,
+    not yet loaded: `find_slots`).
 
     A load that copies every tensor (adoption off; or direct mode with `workers=0`, the one
     direct load that comes here instead of `direct_reader`) reads through the pool where
@@ -195,7 +192,7 @@ def dit_reader(
         return TensorReader(checkpoint, prefetch=prefetch_workers(reading))
     if device.type != "cpu":
         return PooledReader(checkpoint, pool)
-    by_name = (find_slots(module) if slots is None else slots).by_name
+    by_name = slots.by_name
     probe = TensorReader(checkpoint)  # map views to judge by: nothing is read
 
     def kept(info: TensorInfo) -> bool:
@@ -473,12 +470,11 @@ def place_tensors(
         copies_every_tensor = direct or not options.adopt
         reader = dit_reader(
             opened,
-            module,
+            slots=slots,
             reading=options.reading,
             copies_every_tensor=copies_every_tensor,
             device=device,
             kinds=kinds,
-            slots=slots,
         )
     clock.add("read", time.perf_counter() - began)
     began = time.perf_counter()

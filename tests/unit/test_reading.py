@@ -28,6 +28,7 @@ from reference.errors import ArgumentError, CheckpointError
 from reference.kit.judging.file_maps import file_position, maps_missing
 from reference.load.dit import DiTOptions, load_dit
 from reference.load.vae import VAEOptions, load_vae
+from reference.place.modules import find_slots
 from reference.programs.bench.cache import drop
 from reference.read import pool as pool_mod
 from reference.read.checkpoint import TensorReader, open_checkpoint
@@ -664,7 +665,12 @@ def test_the_pool_keeps_the_buffers_a_standard_layers_loader_would_copy_unchange
     module = build_dit(shapes.dit, component="transformer")
     options = ReadOptions(workers=2, map_when_cached=False)
     reader = dit_reader(
-        opened, module, reading=options, copies_every_tensor=True, device=CPU, kinds=LINEAR_KINDS
+        opened,
+        slots=find_slots(module),
+        reading=options,
+        copies_every_tensor=True,
+        device=CPU,
+        kinds=LINEAR_KINDS,
     )
     try:
         assert reader.fresh_names == frozenset(opened.tensors)
