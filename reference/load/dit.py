@@ -436,13 +436,13 @@ def place_tensors(
     options: DiTOptions,
     host_bytes: int | None,
     component: str,
+    slots: Slots,
     clock: StepClock | None = None,
-    slots: Slots | None = None,
 ) -> tuple[TensorRecord, ...]:
-    """Read every tensor onto the plan's load device and give it its slot (adopted or copied:
-    `reference.place.adopt.load_full_state`). A mismatch found while a tensor was in hand names
-    that tensor's file. With `clock`, making the reader and waiting on it count as the `read`
-    step, the rest as `place`. `slots`: `module`'s slots where the caller has them.
+    """Read every tensor onto the plan's load device and give it its slot among `slots`
+    (`module`'s, `find_slots`), adopted or copied (`reference.place.adopt.load_full_state`). A
+    mismatch found while a tensor was in hand names that tensor's file. With `clock`, making
+    the reader and waiting on it count as the `read` step, the rest as `place`.
 
     Raises:
         StateMismatchError: a tensor and its slot disagree.
@@ -450,7 +450,6 @@ def place_tensors(
     """
     clock = StepClock() if clock is None else clock
     began = time.perf_counter()
-    slots = find_slots(module) if slots is None else slots
     device = plan.checkpoint_load_device
     direct = plan.load_full_state_dict_on_device
     steps = options.steps
