@@ -148,8 +148,9 @@ def find_slots(module: nn.Module) -> Slots:
     """Group the module's state entries into slots: one per tensor, however many names it has.
 
     One pass over the submodules' own tables, the entries `state_entries` lists in its order,
-    without an `Entry` per name: a load asks for its module's slots several times, and on a
-    231-tensor Wan DiT the `Entry` objects were half the cost of a call."""
+    without an `Entry` per name: on a 231-tensor Wan DiT the `Entry` objects were half the cost
+    of a call. A load asks once, after its cast (`reference.place.cast.cast_slots` returns
+    them), and passes them on to its steps."""
     # By tensor id: its first name, the tensor, whether a parameter, every (owner, attribute).
     found: dict[int, tuple[str, torch.Tensor, bool, list[tuple[nn.Module, str]]]] = {}
     aliases: dict[str, str] = {}
