@@ -149,8 +149,8 @@ def find_slots(module: nn.Module) -> Slots:
 
     One pass over the submodules' own tables, the entries `state_entries` lists in its order,
     without an `Entry` per name: on a 231-tensor Wan DiT the `Entry` objects were half the cost
-    of a call. A load asks once, after its cast (`reference.place.cast.cast_slots` returns
-    them), and passes them on to its steps."""
+    of a call. A DiT or encoder load asks once, after its cast (`reference.place.cast.cast_slots`
+    returns them), and passes them on to its steps."""
     # By tensor id: its first name, the tensor, whether a parameter, every (owner, attribute).
     found: dict[int, tuple[str, torch.Tensor, bool, list[tuple[nn.Module, str]]]] = {}
     aliases: dict[str, str] = {}
