@@ -3,6 +3,8 @@ the read evidence and the reworded loader."""
 
 from __future__ import annotations
 
+import mmap
+import os
 import pickle
 import threading
 from pathlib import Path
@@ -18,6 +20,7 @@ from fakes.pickles import Trap
 from fakes.reworded import reworded_error, without_reasons
 from reference.errors import CheckpointError, StateMismatchError
 from reference.kit.judging.evidence import DataReads, data_bytes, evidence_missing
+from reference.kit.judging.file_maps import file_position, maps_missing
 from reference.kit.judging.guards import Seal, failure_of
 from reference.kit.judging.judge import refusal
 from reference.place.adopt import Verdict
@@ -190,3 +193,34 @@ def test_the_reworded_loader_keeps_types_and_names_but_no_words_or_reasons() -> 
     )
     assert without_reasons((None, report))[1].records[0].reason is None
     assert without_reasons(Verdict(False, "ZC-1: on meta")) == Verdict(False)
+
+
+def test_file_position_reads_past_a_mapped_path_that_is_not_utf8(tmp_path: Path) -> None:
+    """Linux names may be any bytes, and /proc/self/maps prints them raw: a map of a file in a
+    folder named in Latin-1 (a loader's own, or a test's not yet collected) must not break the
+    judging of every other tensor of the process."""
+    if maps_missing() is not None:
+        pytest.skip(maps_missing())
+    odd = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"ck\xffpt")))
+    try:
+        odd.mkdir()
+    except (OSError, UnicodeError):
+        pytest.skip("this filesystem refuses names that are not UTF-8")
+    files = [tmp_path / "before.bin", odd / "odd.bin", tmp_path / "after.bin"]
+    maps, tensors = [], []
+    # Maps of ordinary files on either side of the odd one: whichever way the kernel places
+    # them, one lies above it, and finding it walks past the odd line.
+    for path in files:
+        path.write_bytes(bytes(range(256)) * 64)
+        with path.open("rb") as f:
+            maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+        tensors.append(torch.frombuffer(maps[-1], dtype=torch.uint8)[100:])
+    try:
+        for path, tensor in zip(files, tensors, strict=True):
+            assert file_position(tensor) == (os.path.realpath(path), 100)
+        assert file_position(torch.zeros(1 << 20, dtype=torch.uint8)) is None
+    finally:
+        del tensor
+        tensors.clear()
+        for mapped in maps:
+            mapped.close()

@@ -26,7 +26,7 @@ Position = tuple[str, int]  # (real path of a file, byte offset in it)
 def maps_missing() -> str | None:
     """Why mappings cannot be seen here (a test skips with it, crediting nothing), or None."""
     try:
-        with open(MAPS) as f:
+        with open(MAPS, "rb") as f:
             f.readline()
     except OSError as exc:
         return f"no evidence of file mappings can be gathered here: needs Linux's {MAPS} ({exc})"
@@ -40,20 +40,23 @@ def file_position(tensor: torch.Tensor) -> Position | None:
     address = tensor.data_ptr()
     # The kernel lists the mappings by address, ascending, and writes the text as it is read:
     # the lines are read, and only their range parsed, up to the one holding `address` (a judge
-    # asks once per tensor, of a process with hundreds of mappings).
-    with open(MAPS) as f:
+    # asks once per tensor, of a process with hundreds of mappings). Bytes, not text: a path in
+    # the list may be any bytes Linux allows in a name (a map of a folder named in Latin-1), and
+    # such a line must not break the judging of every tensor after it.
+    with open(MAPS, "rb") as f:
         for line in f:
-            dash = line.index("-")
+            dash = line.index(b"-")
             start = int(line[:dash], 16)
             if start > address:
                 return None
-            if address >= int(line[dash + 1 : line.index(" ", dash)], 16):
+            if address >= int(line[dash + 1 : line.index(b" ", dash)], 16):
                 continue
-            fields = line.split(maxsplit=5)
+            fields = line.rstrip(b"\n").split(maxsplit=5)
             # Anonymous memory has no path; shared anonymous memory shows as /dev/zero.
-            if len(fields) < 6 or not fields[5].startswith("/") or fields[5].startswith("/dev/"):
+            if len(fields) < 6 or not fields[5].startswith(b"/") or fields[5].startswith(b"/dev/"):
                 return None
-            return os.path.realpath(fields[5].strip()), address - start + int(fields[2], 16)
+            path = os.path.realpath(os.fsdecode(fields[5]))
+            return path, address - start + int(fields[2], 16)
     return None
 
 

@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -199,13 +200,13 @@ def from_report(module: nn.Module, report: LoadReport) -> Loaded:
 
 def file_mapped_bytes(tensors: list[torch.Tensor], files: tuple[Path, ...]) -> int:
     """Bytes of `tensors` whose first byte lies in a memory map of one of `files`."""
-    wanted = {str(path.resolve()) for path in files}
+    wanted = {os.fsencode(path.resolve()) for path in files}
     ranges = []
-    with open("/proc/self/maps") as maps:
+    with open("/proc/self/maps", "rb") as maps:  # bytes: a mapped path may be any bytes
         for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip() in wanted:
-                start, end = (int(part, 16) for part in fields[0].split("-"))
+            fields = line.rstrip(b"\n").split(maxsplit=5)
+            if len(fields) == 6 and fields[5] in wanted:
+                start, end = (int(part, 16) for part in fields[0].split(b"-"))
                 ranges.append((start, end))
     return sum(
         t.nbytes
