@@ -103,12 +103,13 @@ elif ((dry)); then
         record bench failed $((SECONDS - t0)) "bench --gpu without CUDA exited $rc, not 2 with one line: $refusal"
     fi
 else
-    workers=()
-    if "$py" -c "import xdist" 2>/dev/null; then workers=(-n auto); fi
+    workers=() threads=()
+    # With xdist, one torch thread per worker process (tox.ini says why).
+    if "$py" -c "import xdist" 2>/dev/null; then workers=(-n auto) threads=(env OMP_NUM_THREADS=1); fi
     run_step gpu-tier 20 "$py" -m pytest tests/gpu --loader=reference --runtime-device=cuda \
         -m "not selftest and not long" -q -rs -p no:cacheprovider --durations=10 \
         --conformance-report="$out/conformance-gpu.json" "$@"
-    run_step unit-cuda 30 "$py" -m pytest tests/unit --loader=reference --runtime-device=cuda \
+    run_step unit-cuda 30 "${threads[@]}" "$py" -m pytest tests/unit --loader=reference --runtime-device=cuda \
         -m "not selftest and not long" -q -rs -p no:cacheprovider --durations=10 "${workers[@]}" \
         --conformance-report="$out/conformance-cuda.json" "$@"
     run_step bench 0 bash -c '"$1" -m reference bench --gpu --json "$2/bench-gpu.json" | tee "$2/bench-gpu.txt"; exit "${PIPESTATUS[0]}"' \

@@ -40,7 +40,9 @@ export CUDA_VISIBLE_DEVICES=
 code=0
 # The installed kit judged, not at length: the hostile corpus and the blocking files, whose
 # attempts against this baseline each wait out a deadline, are left to tox -e matrix.
-"$venv/bin/python" -m reference conform --loader=reference.kit.adapters.baselines:PlainAssign \
+# One torch thread per xdist worker (tox.ini says why).
+OMP_NUM_THREADS=1 "$venv/bin/python" -m reference conform \
+    --loader=reference.kit.adapters.baselines:PlainAssign \
     --conformance-report=r.json -n auto -q --no-header -k "not hostile and not blocking" \
     >conform.log 2>&1 || code=$?
 tail -n 3 conform.log
