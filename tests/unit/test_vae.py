@@ -10,9 +10,11 @@ are pinned only in `reference_only` tests.
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar
 
 import pytest
@@ -91,6 +93,8 @@ from reference.kit.seam import (
 )
 from reference.request.quantization import QuantizationSpec
 
+from .written import copy_of_written
+
 pytestmark = pytest.mark.capability(VAE_STREAM)
 
 CONFIG = VAEConfig()
@@ -108,7 +112,15 @@ TORCH_LIKE = ("fakes.vae", "torchx.layers", "torch_ext")
 def _state(
     cls: type[nn.Module] = StandardVAE, seed: int = 0, config: VAEConfig = CONFIG
 ) -> dict[str, torch.Tensor]:
-    return dict(randomized_state(cls(config), seed))
+    """The deterministic state of `cls(config)` for `seed`: a copy of each tensor, so a test may
+    change what it gets (built once per process: the selftest tier runs this file once per
+    broken VAE loader, and the builds and draws took a second of each run)."""
+    return {name: tensor.clone() for name, tensor in _drawn_state(cls, seed, config).items()}
+
+
+@functools.cache
+def _drawn_state(cls: type[nn.Module], seed: int, config: VAEConfig) -> Mapping[str, torch.Tensor]:
+    return MappingProxyType(dict(randomized_state(cls(config), seed)))
 
 
 def _on(device: torch.device, tensor: torch.Tensor) -> bool:
@@ -154,8 +166,12 @@ def evidence(loader: SeamLoader, runtime_device: torch.device, tmp_path: Path) -
     reason = evidence_missing()
     if reason is not None:
         pytest.skip(reason)
-    warm = write_vae_checkpoint(_state(), tmp_path / "warm-up")
-    loader.load_vae(VaeRequest(RecordingBuild(), warm, device=runtime_device))
+    warm = copy_of_written("vae-warm-up", tmp_path / "warm-up", _write_warm_up)
+    loader.load_vae(VaeRequest(RecordingBuild(), warm / "model.safetensors", device=runtime_device))
+
+
+def _write_warm_up(folder: Path) -> None:
+    write_vae_checkpoint(_state(), folder)
 
 
 def release_free_memory() -> None:
