@@ -37,6 +37,7 @@ __all__ = [
     "ExtraStateVAE",
     "FollowingTemporalModulation",
     "HalfDecoderVAE",
+    "HandleKeepingVAE",
     "HookedBufferVAE",
     "IntegerParameterVAE",
     "LateParamsTemporalModulation",
@@ -422,6 +423,23 @@ class ExplicitBufferVAE(StandardVAE):
         super().__init__(config)
         c = self.config
         self.decoder.temporal = ExplicitDeviceTemporalModulation(c.hidden, c.frames)
+
+
+class HandleKeepingVAE(StandardVAE):
+    """ADM-6: construction keeps its `latent_shift` parameter object in a list, outside the
+    module's registries, and `decode` reads it there (as code that caches a handle on a weight
+    does). `load_state_dict` into an ordinary build fills that very object, so the handle sees
+    the checkpoint; a load that puts new tensors in the slots (a meta build filled by
+    `load_state_dict(assign=True)`) leaves the handle on what construction made."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.handles = [self.latent_shift]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        z = z * self._latent(self.latent_scale) + self._latent(self.handles[0])
+        out: torch.Tensor = self.decoder(z.to(self.decode_dtype))
+        return out.float()
 
 
 class TiedBufferVAE(StandardVAE):

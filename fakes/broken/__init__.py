@@ -57,6 +57,7 @@ from fakes.broken.dit import (
 )
 from fakes.broken.fairness import TrustsStateDict
 from fakes.broken.pipeline import (
+    FillsMetaBuildsByAssignment,
     KeepsComponentsOfAFailedLoad,
     LeavesOutWhatItCannotBuild,
     PreflightsEachComponentAlone,
@@ -229,6 +230,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     PreflightsEachComponentAlone,
     KeepsComponentsOfAFailedLoad,
     StagesEveryComponentAtOnce,
+    FillsMetaBuildsByAssignment,
     # checkpoints
     UnpicklesLegacyCheckpoints,
     IgnoresShardIndex,

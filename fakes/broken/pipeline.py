@@ -3,6 +3,7 @@ loader that "loads the whole pipeline" plausibly gets it wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from reference.request.args import own_server_args
 from reference.request.model_index import ModelRegistry, read_pipeline
 
 __all__ = [
+    "FillsMetaBuildsByAssignment",
     "KeepsComponentsOfAFailedLoad",
     "LeavesOutWhatItCannotBuild",
     "PreflightsEachComponentAlone",
@@ -186,3 +188,38 @@ class StagesEveryComponentAtOnce(BrokenAdapter):
         everyone.wait(timeout=60)
         del staged
         return loaded
+
+
+class FillsMetaBuildsByAssignment(BrokenAdapter):
+    """Loads a whole pipeline's ordinary components (no direct request) into the modules its
+    checks built on meta with `load_state_dict(assign=True)`, the meta-init idiom, instead of
+    building them for real or filling the objects construction made: every slot gets a new
+    tensor of the right value, but a non-persistent buffer construction computed on meta stays
+    there, and a handle construction kept on a parameter still holds the meta one (ADM-6)."""
+
+    name = "broken-fills-meta-builds-by-assignment"
+    breaks = frozenset({"ADM-6"})
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        prepared = load.prepare_pipeline(
+            request.pipeline_dir,
+            own_server_args(request.args),
+            registry=_registry(request),
+            platform=request.platform,
+        )
+        jobs = [
+            functools.partial(self._assigned, loader, item.request) for loader, item in prepared
+        ]
+        names = [item.request.component.name for _, item in prepared]
+        del prepared
+        return _returned(request, run_together(jobs, names=names, concurrency=1))
+
+    @staticmethod
+    def _assigned(loader: ComponentLoader, request: LoadRequest) -> LoadedComponent:
+        meta = request.prebuilt
+        if meta is None or request.direct or loader_kind(request.component.name) != "vae":
+            return loader.load_request(request)
+        # The state as the ordinary way gives it (its values, dtypes, device), assigned.
+        loaded = loader.load_request(dataclasses.replace(request, prebuilt=None))
+        meta.load_state_dict(loaded.module.state_dict(), assign=True)
+        return dataclasses.replace(loaded, module=meta.train(loaded.module.training))

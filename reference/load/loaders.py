@@ -290,7 +290,8 @@ class ComponentLoader(ABC):
         """The component built on meta as its load will build it (slots in their final
         dtypes), within the host memory its checkpoint explains (CKPT-6), and its checkpoint's
         headers as the slots name them. The base builds on meta what the ordinary way builds
-        for real (`ordinary_builder`): a check, not the module the load fills (`reuses_build`).
+        (`ordinary_builder`); the ordinary load fills it where nothing of it but its slots is
+        on meta, and builds for real otherwise (`reference.load.ordinary.load_ordinarily`).
 
         Raises:
             LoadError: the build is refused (host memory, a class that cannot be built).
@@ -310,8 +311,9 @@ class ComponentLoader(ABC):
 
     def reuses_build(self, request: LoadRequest) -> bool:
         """Whether the load fills the module `build_checked` made (a meta build), rather than
-        building its own (the ordinary way builds for real)."""
-        return False
+        building its own. The ordinary way fills it where it can
+        (`reference.load.ordinary.load_ordinarily`)."""
+        return True
 
     def adopts(self, request: LoadRequest) -> bool:
         """Whether the load may keep CPU tensors as views of the files (zero-copy): the
@@ -415,7 +417,8 @@ def ordinarily(
     request: LoadRequest, *, build: Callable[[], nn.Module]
 ) -> tuple[nn.Module, LoadReport]:
     """`reference.load.ordinary.load_ordinarily` as `request` decided it: the plan's load
-    device, then CPU when the component is offloaded, else the runtime device."""
+    device, then CPU when the component is offloaded, else the runtime device; the module
+    `prepare` built on meta (`request.prebuilt`) filled where it can be."""
     spec = request.component
     target = "cpu" if request.args.is_cpu_offloaded(spec.name) else request.args.device
     module, records = load_ordinarily(
@@ -424,6 +427,7 @@ def ordinarily(
         dtype=request.dtype,
         device=request.plan.checkpoint_load_device,
         target=target,
+        prebuilt=request.prebuilt,
     )
     return module, LoadReport(component=spec.name, plan=request.plan, records=tuple(records))
 
@@ -637,9 +641,6 @@ class VAELoader(ComponentLoader):
             steps=VAE_DEFAULTS.steps,
         )
         return module, checkpoint
-
-    def reuses_build(self, request: LoadRequest) -> bool:
-        return request.direct
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         spec = request.component

@@ -1,4 +1,5 @@
-"""The ordinary load: build the module for real, copy its checkpoint into it, place it.
+"""The ordinary load: build the module for real (or fill the meta build a pipeline's checks made),
+copy its checkpoint into it, place it.
 
 No direct-loading feature is involved (ADM-6): this is how a vocoder loads, and a VAE when no
 direct request for it was admitted. Names and shapes are checked against the headers before any
@@ -15,6 +16,7 @@ from torch import nn
 from reference.errors import LISTED, StateMismatchError, listed, shown
 from reference.place.cast import cast_slots
 from reference.place.host_memory import construction_guard
+from reference.place.materialise import materialise_slots, meta_leftovers
 from reference.place.records import TensorRecord
 from reference.read.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.request.model_index import ComponentSpec
@@ -29,10 +31,17 @@ def load_ordinarily(
     dtype: torch.dtype,
     device: torch.device,
     target: torch.device | str,
+    prebuilt: nn.Module | None = None,
 ) -> tuple[nn.Module, list[TensorRecord]]:
     """Build the module with `build`, give its slots precision `dtype`, copy its checkpoint into
     it on `device` (the plan's load device), then move it to `target` (CPU when the component is
     offloaded, else the runtime device).
+
+    With `prebuilt` (the same build on meta, `reference.place.build.build_on_meta`, as a
+    pipeline's checks made it), its slots are given fresh memory instead and the checkpoint is
+    loaded into them the same way (`reference.place.materialise`): the same state, without
+    initialising what the checkpoint overwrites. Where it holds a meta tensor outside its slots
+    (`meta_leftovers`), `build` runs all the same.
 
     The module comes back as diffusers' `from_pretrained` gives it: in eval mode, each
     parameter's `requires_grad` as construction set it (VAE-10's rule for the streamed path).
@@ -41,15 +50,30 @@ def load_ordinarily(
         CheckpointError, StateMismatchError, HostMemoryError: as the steps raise them.
     """
     checkpoint = open_checkpoint(spec.folder)
-    # The build may take no more host memory than its checkpoint explains: weights within
-    # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
-    with construction_guard(
-        spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=True, config=spec.init_kwargs
-    ):
-        module = build()
-    cast_slots(module, dtype)  # PREC-1, PREC-2: the real slots, converted before loading
+    module = _made_real(prebuilt, dtype) if prebuilt is not None else None
+    if module is None:
+        # The build may take no more host memory than its checkpoint explains: weights within
+        # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
+        with construction_guard(
+            spec.name,
+            checkpoint_bytes=checkpoint.total_bytes,
+            ordinary=True,
+            config=spec.init_kwargs,
+        ):
+            module = build()
+        cast_slots(module, dtype)  # PREC-1, PREC-2: the real slots, converted before loading
     records = load_state_ordinarily(module, spec, device, checkpoint)
     return module.to(target).eval(), records
+
+
+def _made_real(prebuilt: nn.Module, dtype: torch.dtype) -> nn.Module | None:
+    """`prebuilt` (on meta) with its slots in `dtype` (PREC-1, PREC-2) and in fresh host
+    memory; None, with nothing allocated, where that would leave a meta tensor in it."""
+    slots = cast_slots(prebuilt, dtype)
+    if meta_leftovers(prebuilt, slots):
+        return None
+    materialise_slots(slots)
+    return prebuilt
 
 
 def _names(names: list[str]) -> str:

@@ -22,12 +22,12 @@ from torch.utils.hooks import RemovableHandle
 from reference.place.host_memory import factories_on_meta, release
 from reference.place.modules import submodules
 
-__all__ = ["MetaBuild"]
+__all__ = ["SWAP_IMPL", "MetaBuild"]
 
 _REGISTER_BUFFER = nn.Module.register_buffer.__code__
 # torch.utils.swap_tensors ends with this; where a torch lacks it (or the use count it checks
 # first), swap_tensors itself is used.
-_SWAP_IMPL: Callable[[torch.Tensor, torch.Tensor], None] | None = (
+SWAP_IMPL: Callable[[torch.Tensor, torch.Tensor], None] | None = (
     getattr(torch._C, "_swap_tensor_impl", None) if hasattr(torch.Tensor, "_use_count") else None
 )
 
@@ -152,14 +152,14 @@ class MetaBuild:
         # In place: the caller's object itself goes to meta, so attributes it sets on that
         # object after registering it (a layer's `weight_loader`) are kept.
         if (
-            _SWAP_IMPL is not None
+            SWAP_IMPL is not None
             and tensor._use_count() == 1  # type: ignore[attr-defined]
             and not tensor.is_inference()
         ):
             # Nothing else holds its data (no view, no autograd node): swapping the two
             # objects' data alone is what swap_tensors ends with, without its checks for the
             # cases just ruled out, and the real bytes go with `meta` at once.
-            _SWAP_IMPL(tensor, meta)
+            SWAP_IMPL(tensor, meta)
             return tensor, tensor
         meta.__dict__.update(tensor.__dict__)
         try:

@@ -21,12 +21,14 @@ from fakes.pipelines import (
     write_pipeline,
 )
 from fakes.platform import FakePlatform
-from fakes.vae import UnrebuiltBufferVAE, VAEConfig
+from fakes.vae import HandleKeepingVAE, UnrebuiltBufferVAE, VAEConfig
 from reference.kit.judging.judge import tensor_named
 from reference.kit.seam import (
     ADMISSION,
     PIPELINES,
+    WHOLE_PIPELINE,
     ComponentRequest,
+    PipelineRequest,
     Precisions,
     SeamLoader,
     ServingOptions,
@@ -88,19 +90,32 @@ def test_without_a_flag_no_gate_refuses(
     loader.admit(pipeline_dir, args, platform=NO_CUDA)
 
 
-@pytest.mark.capability(PIPELINES)
+@pytest.mark.parametrize(
+    "way",
+    [
+        pytest.param("alone", marks=pytest.mark.capability(PIPELINES)),
+        pytest.param("whole", marks=pytest.mark.capability(WHOLE_PIPELINE)),
+    ],
+)
 @pytest.mark.parametrize("name", list(COMPONENTS))
 def test_without_a_flag_each_component_loads_as_an_ordinary_build(
-    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str
+    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str, way: str
 ) -> None:
+    """Alone (`load_pipeline_component`) and in a whole pipeline (`load_pipeline`, whose checks
+    may have built every component on meta already: the load must still end as the ordinary
+    build does, non-persistent buffers included)."""
     # The precision the ordinary build has (fp32), handed over: defaults are PREC-1's to judge.
     as_built = Precisions(dit=torch.float32, vae=torch.float32)
     args = loader.make_server_args(
         ServingOptions(runtime_device=runtime_device, precisions=as_built)
     )
-    module = loader.load_pipeline_component(
-        ComponentRequest(pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME)
-    )
+    if way == "alone":
+        module = loader.load_pipeline_component(
+            ComponentRequest(pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME)
+        )
+    else:
+        request = PipelineRequest(pipeline_dir, args=args, platform=NO_CUDA, models=MODELS_BY_NAME)
+        module = loader.load_pipeline(request).components[name]
     spec = COMPONENTS[name]
     ordinary = spec.cls(**spec.config)
     ordinary.load_state_dict(weights(pipeline_dir / name))
@@ -114,3 +129,35 @@ def test_without_a_flag_each_component_loads_as_an_ordinary_build(
     # whether a buffer is still a buffer (not re-registered as a parameter) is ZC-15's to judge.
     for key, buffer in ordinary.named_buffers():
         torch.testing.assert_close(tensor_named(module, key).cpu(), buffer)
+
+
+HANDLES = {
+    "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+    "vae": FakeComponent(HandleKeepingVAE, seed=5),
+}
+
+
+@pytest.mark.capability(WHOLE_PIPELINE)
+def test_without_a_flag_a_vae_in_a_whole_pipeline_decodes_as_its_ordinary_build(
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
+) -> None:
+    """A VAE whose construction kept a handle on one of its parameters (`HandleKeepingVAE`)
+    decodes as the ordinary build does (construct, `load_state_dict`): a loader that builds
+    the default path on meta must fill the parameter objects construction made, not put new
+    ones in their slots."""
+    root = write_pipeline(tmp_path, HANDLES)
+    as_built = Precisions(dit=torch.float32, vae=torch.float32)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, precisions=as_built)
+    )
+    models = {c.cls.__name__: c.cls for c in HANDLES.values()}
+    whole = loader.load_pipeline(PipelineRequest(root, args=args, platform=NO_CUDA, models=models))
+    ordinary = HandleKeepingVAE()
+    ordinary.load_state_dict(weights(root / "vae"))
+    ordinary = ordinary.to(runtime_device).eval()
+    generator = torch.Generator().manual_seed(0)
+    latent = torch.randn(1, ordinary.config.latent_channels, 2, 4, 4, generator=generator)
+    with torch.no_grad():
+        expected = ordinary.decode(latent.to(runtime_device))
+        got = whole.components["vae"].decode(latent.to(runtime_device))  # type: ignore[operator]
+    torch.testing.assert_close(got, expected)
