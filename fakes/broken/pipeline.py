@@ -48,6 +48,27 @@ def _returned(request: PipelineRequest, loaded: list[LoadedComponent]) -> Loaded
     )
 
 
+def _run_prepared(
+    request: PipelineRequest,
+    job: Callable[[ComponentLoader, LoadRequest], Callable[[], LoadedComponent]],
+    *,
+    concurrency: int | None = None,
+) -> LoadedPipeline:
+    """The reference's whole load with each component's load replaced: every refusal first
+    (`prepare_pipeline`), then `job(loader, request)` of each component run together, at most
+    `concurrency` at once (default: all)."""
+    prepared = load.prepare_pipeline(
+        request.pipeline_dir,
+        own_server_args(request.args),
+        registry=_registry(request),
+        platform=request.platform,
+    )
+    jobs = [job(loader, item.request) for loader, item in prepared]
+    names = [item.request.component.name for _, item in prepared]
+    del prepared
+    return _returned(request, run_together(jobs, names=names, concurrency=concurrency or len(jobs)))
+
+
 class LeavesOutWhatItCannotBuild(BrokenAdapter):
     """Loads the components whose class it can build and leaves the others out, unreported,
     as a loader that skips "unknown" components does: a caller holds a pipeline with a
@@ -129,16 +150,9 @@ class KeepsComponentsOfAFailedLoad(BrokenAdapter):
     cache: ClassVar[list[nn.Module]] = []
 
     def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
-        prepared = load.prepare_pipeline(
-            request.pipeline_dir,
-            own_server_args(request.args),
-            registry=_registry(request),
-            platform=request.platform,
+        return _run_prepared(
+            request, lambda loader, job: functools.partial(self._cached, loader, job), concurrency=3
         )
-        jobs = [functools.partial(self._cached, loader, item.request) for loader, item in prepared]
-        names = [item.request.component.name for _, item in prepared]
-        del prepared
-        return _returned(request, run_together(jobs, names=names, concurrency=3))
 
     @classmethod
     def _cached(cls, loader: ComponentLoader, request: LoadRequest) -> LoadedComponent:
@@ -201,18 +215,9 @@ class FillsMetaBuildsByAssignment(BrokenAdapter):
     breaks = frozenset({"ADM-6"})
 
     def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
-        prepared = load.prepare_pipeline(
-            request.pipeline_dir,
-            own_server_args(request.args),
-            registry=_registry(request),
-            platform=request.platform,
+        return _run_prepared(
+            request, lambda loader, job: functools.partial(self._assigned, loader, job)
         )
-        jobs = [
-            functools.partial(self._assigned, loader, item.request) for loader, item in prepared
-        ]
-        names = [item.request.component.name for _, item in prepared]
-        del prepared
-        return _returned(request, run_together(jobs, names=names, concurrency=1))
 
     @staticmethod
     def _assigned(loader: ComponentLoader, request: LoadRequest) -> LoadedComponent:
