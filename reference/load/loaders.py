@@ -134,7 +134,8 @@ class LoadRequest:
         dtype: the component's precision (PREC-1, `ServerArgs.precision_for`).
         prebuilt: the module `ComponentLoader.prepare` already built on meta for this load
             (slots in their final dtypes, checked against the headers), which the load fills
-            instead of building again; None: the load builds it.
+            instead of building again (the ordinary way builds for real where it cannot:
+            `reference.load.ordinary.load_ordinarily`); None: the load builds it.
         preflighted: the memory this load takes on its device was checked with every other
             component's (`reference.load.pipeline_memory.check_pipeline_memory`), so its own
             direct-mode check (DG-6) is not asked again while the others allocate.
@@ -282,8 +283,7 @@ class ComponentLoader(ABC):
             load_device=request.plan.checkpoint_load_device,
             adopts=self.adopts(request),
         )
-        prebuilt = module if self.reuses_build(request) else None
-        prepared = dataclasses.replace(request, prebuilt=prebuilt, preflighted=True)
+        prepared = dataclasses.replace(request, prebuilt=module, preflighted=True)
         return PreparedComponent(prepared, needs)
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
@@ -308,12 +308,6 @@ class ComponentLoader(ABC):
     def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
         """The build the ordinary way runs (the registered class from its config.json)."""
         return self.registered_builder(spec)
-
-    def reuses_build(self, request: LoadRequest) -> bool:
-        """Whether the load fills the module `build_checked` made (a meta build), rather than
-        building its own. The ordinary way fills it where it can
-        (`reference.load.ordinary.load_ordinarily`)."""
-        return True
 
     def adopts(self, request: LoadRequest) -> bool:
         """Whether the load may keep CPU tensors as views of the files (zero-copy): the
@@ -569,9 +563,6 @@ class TransformerLoader(ComponentLoader):
         )
         return module, checkpoint
 
-    def reuses_build(self, request: LoadRequest) -> bool:
-        return True
-
     def adopts(self, request: LoadRequest) -> bool:
         return self.options.adopt and not request.direct
 
@@ -733,9 +724,6 @@ class EncoderLoader(ComponentLoader):
             steps=self.options.steps,
         )
         return built.module, built.opened
-
-    def reuses_build(self, request: LoadRequest) -> bool:
-        return True
 
     def adopts(self, request: LoadRequest) -> bool:
         return self.options.adopt
