@@ -65,6 +65,7 @@ __all__ = [
     "UnrebuiltBufferVAE",
     "UserHookVAE",
     "VAEConfig",
+    "ValueReadingVAE",
     "frequency_table",
     "overriding_base",
     "randomized_state",
@@ -440,6 +441,17 @@ class HandleKeepingVAE(StandardVAE):
         z = z * self._latent(self.latent_scale) + self._latent(self.handles[0])
         out: torch.Tensor = self.decoder(z.to(self.decode_dtype))
         return out.float()
+
+
+class ValueReadingVAE(StandardVAE):
+    """ADM-6: construction reads the value of a parameter it just made (the norm of the
+    latent shift's initial weights, kept as a float), as code that logs or normalises its
+    initial weights does. An ordinary build runs; a build on meta cannot (a meta tensor has no
+    value to read)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        self.initial_shift_norm = float(self.latent_shift.detach().norm())
 
 
 class TiedBufferVAE(StandardVAE):

@@ -57,6 +57,7 @@ from fakes.broken.dit import (
 )
 from fakes.broken.fairness import TrustsStateDict
 from fakes.broken.pipeline import (
+    BuildsDefaultsOnlyOnMeta,
     FillsMetaBuildsByAssignment,
     KeepsComponentsOfAFailedLoad,
     LeavesOutWhatItCannotBuild,
@@ -231,6 +232,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     KeepsComponentsOfAFailedLoad,
     StagesEveryComponentAtOnce,
     FillsMetaBuildsByAssignment,
+    BuildsDefaultsOnlyOnMeta,
     # checkpoints
     UnpicklesLegacyCheckpoints,
     IgnoresShardIndex,

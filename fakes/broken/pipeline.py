@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import ClassVar
 
 from safetensors.torch import load_file
@@ -14,16 +15,18 @@ from torch import nn
 
 from fakes.broken.base import BrokenAdapter
 from reference.errors import LoadError
-from reference.kit.seam import LoadedPipeline, PipelineRequest
+from reference.kit.seam import ComponentRequest, LoadedPipeline, PipelineRequest
 from reference.load import pipeline as load
 from reference.load.loaders import ComponentLoader, LoadedComponent, LoadRequest, loader_kind
 from reference.load.pipeline_memory import check_pipeline_memory
 from reference.load.together import run_together
+from reference.place.build import build_on_meta
 from reference.request.admission import admit
 from reference.request.args import own_server_args
 from reference.request.model_index import ModelRegistry, read_pipeline
 
 __all__ = [
+    "BuildsDefaultsOnlyOnMeta",
     "FillsMetaBuildsByAssignment",
     "KeepsComponentsOfAFailedLoad",
     "LeavesOutWhatItCannotBuild",
@@ -228,3 +231,40 @@ class FillsMetaBuildsByAssignment(BrokenAdapter):
         loaded = loader.load_request(dataclasses.replace(request, prebuilt=None))
         meta.load_state_dict(loaded.module.state_dict(), assign=True)
         return dataclasses.replace(loaded, module=meta.train(loaded.module.training))
+
+
+class BuildsDefaultsOnlyOnMeta(BrokenAdapter):
+    """Builds each ordinary component (a VAE or vocoder with no direct request) on meta, to fill
+    that build, and has no real build to turn to where the construction cannot run there: a
+    class whose construction reads a value of its own weights, which the ordinary way loads,
+    fails to load, alone or in a whole pipeline (ADM-6)."""
+
+    name = "broken-builds-defaults-only-on-meta"
+    breaks = frozenset({"ADM-6"})
+
+    def load_pipeline_component(self, request: ComponentRequest) -> nn.Module:
+        _build_on_meta(request.pipeline_dir, (request.component,), request.models)
+        return super().load_pipeline_component(request)
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        names = read_pipeline(request.pipeline_dir).names
+        _build_on_meta(request.pipeline_dir, names, request.models)
+        return super().load_pipeline(request)
+
+
+def _build_on_meta(
+    pipeline_dir: Path, names: tuple[str, ...], models: Mapping[str, type[nn.Module]] | None
+) -> None:
+    """Each ordinary component of `names` whose class the test hands over, built on meta."""
+    pipeline = read_pipeline(pipeline_dir)
+    for name in names:
+        if name not in ORDINARY:
+            continue
+        spec = pipeline.component(name)
+        cls = (models or {}).get(spec.class_name)
+        if cls is not None:
+            build_on_meta(functools.partial(cls, **spec.init_kwargs), component=name)
+
+
+ORDINARY = ("vae", "video_vae", "audio_vae", "vocoder")
+"""The components the reference loads the ordinary way when no direct request names them."""

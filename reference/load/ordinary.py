@@ -1,5 +1,5 @@
-"""The ordinary load: build the module for real (or fill the meta build a pipeline's checks made),
-copy its checkpoint into it, place it.
+"""The ordinary load: fill a meta build of the module (a pipeline's checks made it, or the load of
+a component alone) or build it for real, copy its checkpoint into it, place it.
 
 No direct-loading feature is involved (ADM-6): this is how a vocoder loads, and a VAE when no
 direct request for it was admitted. Names and shapes are checked against the headers before any
@@ -38,7 +38,8 @@ def load_ordinarily(
     offloaded, else the runtime device).
 
     With `prebuilt` (the same build on meta, `reference.place.build.build_on_meta`, as a
-    pipeline's checks made it), its slots are given fresh memory instead and the checkpoint is
+    pipeline's checks or `reference.load.loaders.ordinarily` made it, checked against the
+    headers), its slots are given fresh memory instead and the checkpoint is
     loaded into them the same way (`reference.place.materialise`): the same state, without
     initialising what the checkpoint overwrites. Where it holds a meta tensor outside its slots
     (`meta_leftovers`), `build` runs all the same.

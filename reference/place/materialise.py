@@ -3,9 +3,10 @@ fresh, uninitialised host memory (`materialise_slots`), where nothing else of it
 meta (`meta_leftovers`).
 
 The ordinary way (ADM-6) builds a module for real, initialising every parameter, and then
-copies its checkpoint over all of them. A pipeline load has built the same module on meta
-already, for its checks (PIPE-2), with every non-persistent buffer computed as construction
-computes it (`reference.place.build.build_on_meta`). Giving that module's slots fresh memory and
+copies its checkpoint over all of them. A pipeline load builds the same module on meta for its
+checks (PIPE-2), and a component loaded alone the ordinary way does the same first, with every
+non-persistent buffer computed as construction computes it
+(`reference.place.build.build_on_meta`). Giving that module's slots fresh memory and
 loading the checkpoint into it through its own `load_state_dict` ends in the same state (the
 load is strict: every slot is written) without initialising what the checkpoint overwrites, as
 diffusers' `from_pretrained` builds under `init_empty_weights`. Measured on 2026-12-07 on the

@@ -7,6 +7,7 @@ fails here instead of passing unnoticed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from fakes.pipelines import (
     write_pipeline,
 )
 from fakes.platform import FakePlatform
-from fakes.vae import HandleKeepingVAE, UnrebuiltBufferVAE, VAEConfig
+from fakes.vae import HandleKeepingVAE, UnrebuiltBufferVAE, VAEConfig, ValueReadingVAE
 from reference.kit.judging.judge import tensor_named
 from reference.kit.seam import (
     ADMISSION,
@@ -90,68 +91,85 @@ def test_without_a_flag_no_gate_refuses(
     loader.admit(pipeline_dir, args, platform=NO_CUDA)
 
 
-@pytest.mark.parametrize(
-    "way",
-    [
-        pytest.param("alone", marks=pytest.mark.capability(PIPELINES)),
-        pytest.param("whole", marks=pytest.mark.capability(WHOLE_PIPELINE)),
-    ],
-)
-@pytest.mark.parametrize("name", list(COMPONENTS))
-def test_without_a_flag_each_component_loads_as_an_ordinary_build(
-    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str, way: str
+def assert_ordinary_state(
+    module: torch.nn.Module, ordinary: torch.nn.Module, runtime_device: torch.device
 ) -> None:
-    """Alone (`load_pipeline_component`) and in a whole pipeline (`load_pipeline`, whose checks
-    may have built every component on meta already: the load must still end as the ordinary
-    build does, non-persistent buffers included)."""
-    # The precision the ordinary build has (fp32), handed over: defaults are PREC-1's to judge.
-    as_built = Precisions(dit=torch.float32, vae=torch.float32)
-    args = loader.make_server_args(
-        ServingOptions(runtime_device=runtime_device, precisions=as_built)
-    )
-    if way == "alone":
-        module = loader.load_pipeline_component(
-            ComponentRequest(pipeline_dir, name, args, platform=NO_CUDA, models=MODELS_BY_NAME)
-        )
-    else:
-        request = PipelineRequest(pipeline_dir, args=args, platform=NO_CUDA, models=MODELS_BY_NAME)
-        module = loader.load_pipeline(request).components[name]
-    spec = COMPONENTS[name]
-    ordinary = spec.cls(**spec.config)
-    ordinary.load_state_dict(weights(pipeline_dir / name))
+    """`module`'s state is `ordinary`'s (names, dtypes, bits) on the runtime device."""
     loaded = module.state_dict()
     assert set(loaded) == set(ordinary.state_dict())
     for key, tensor in ordinary.state_dict().items():
         assert loaded[key].device.type == runtime_device.type, key
         assert loaded[key].dtype == tensor.dtype, key
         assert torch.equal(bits(loaded[key]), bits(tensor)), key
+
+
+def loaded_component(
+    loader: SeamLoader,
+    root: Path,
+    name: str,
+    *,
+    way: str,
+    runtime_device: torch.device,
+    models: Mapping[str, type[torch.nn.Module]],
+) -> torch.nn.Module:
+    """Component `name` of the pipeline in `root`, loaded with no flag, alone
+    (`load_pipeline_component`) or with the whole pipeline."""
+    # The precision the ordinary build has (fp32), handed over: defaults are PREC-1's to judge.
+    as_built = Precisions(dit=torch.float32, vae=torch.float32)
+    args = loader.make_server_args(
+        ServingOptions(runtime_device=runtime_device, precisions=as_built)
+    )
+    if way == "alone":
+        request = ComponentRequest(root, name, args, platform=NO_CUDA, models=models)
+        return loader.load_pipeline_component(request)
+    whole = loader.load_pipeline(PipelineRequest(root, args=args, platform=NO_CUDA, models=models))
+    return whole.components[name]
+
+
+WAYS = [
+    pytest.param("alone", marks=pytest.mark.capability(PIPELINES)),
+    pytest.param("whole", marks=pytest.mark.capability(WHOLE_PIPELINE)),
+]
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("name", list(COMPONENTS))
+def test_without_a_flag_each_component_loads_as_an_ordinary_build(
+    loader: SeamLoader, runtime_device: torch.device, pipeline_dir: Path, name: str, way: str
+) -> None:
+    """Alone (`load_pipeline_component`) and in a whole pipeline (`load_pipeline`): a loader
+    may build a component on meta for its checks or its load, but the load must still end as
+    the ordinary build does, non-persistent buffers included."""
+    module = loaded_component(
+        loader, pipeline_dir, name, way=way, runtime_device=runtime_device, models=MODELS_BY_NAME
+    )
+    spec = COMPONENTS[name]
+    ordinary = spec.cls(**spec.config)
+    ordinary.load_state_dict(weights(pipeline_dir / name))
+    assert_ordinary_state(module, ordinary, runtime_device)
     # Every buffer's value, non-persistent ones too (as construction made them), by name:
     # whether a buffer is still a buffer (not re-registered as a parameter) is ZC-15's to judge.
     for key, buffer in ordinary.named_buffers():
         torch.testing.assert_close(tensor_named(module, key).cpu(), buffer)
 
 
-HANDLES = {
-    "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
-    "vae": FakeComponent(HandleKeepingVAE, seed=5),
-}
-
-
-@pytest.mark.capability(WHOLE_PIPELINE)
-def test_without_a_flag_a_vae_in_a_whole_pipeline_decodes_as_its_ordinary_build(
-    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path
+@pytest.mark.parametrize("way", WAYS)
+def test_without_a_flag_a_vae_decodes_as_its_ordinary_build(
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, way: str
 ) -> None:
     """A VAE whose construction kept a handle on one of its parameters (`HandleKeepingVAE`)
     decodes as the ordinary build does (construct, `load_state_dict`): a loader that builds
     the default path on meta must fill the parameter objects construction made, not put new
     ones in their slots."""
-    root = write_pipeline(tmp_path, HANDLES)
-    as_built = Precisions(dit=torch.float32, vae=torch.float32)
-    args = loader.make_server_args(
-        ServingOptions(runtime_device=runtime_device, precisions=as_built)
+    components = {
+        "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+        "vae": FakeComponent(HandleKeepingVAE, seed=5),
+    }
+    root = write_pipeline(tmp_path, components)
+    models = {c.cls.__name__: c.cls for c in components.values()}
+    vae = loaded_component(
+        loader, root, "vae", way=way, runtime_device=runtime_device, models=models
     )
-    models = {c.cls.__name__: c.cls for c in HANDLES.values()}
-    whole = loader.load_pipeline(PipelineRequest(root, args=args, platform=NO_CUDA, models=models))
     ordinary = HandleKeepingVAE()
     ordinary.load_state_dict(weights(root / "vae"))
     ordinary = ordinary.to(runtime_device).eval()
@@ -159,5 +177,26 @@ def test_without_a_flag_a_vae_in_a_whole_pipeline_decodes_as_its_ordinary_build(
     latent = torch.randn(1, ordinary.config.latent_channels, 2, 4, 4, generator=generator)
     with torch.no_grad():
         expected = ordinary.decode(latent.to(runtime_device))
-        got = whole.components["vae"].decode(latent.to(runtime_device))  # type: ignore[operator]
+        got = vae.decode(latent.to(runtime_device))  # type: ignore[operator]
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_without_a_flag_a_vae_whose_construction_reads_its_weights_loads(
+    loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, way: str
+) -> None:
+    """A VAE whose construction reads a value of a parameter it made (`ValueReadingVAE`)
+    builds the ordinary way, so with no flag it loads, as its ordinary build: a loader that
+    builds the default path on meta must build such a class for real."""
+    components = {
+        "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+        "vae": FakeComponent(ValueReadingVAE, seed=6),
+    }
+    root = write_pipeline(tmp_path, components)
+    models = {c.cls.__name__: c.cls for c in components.values()}
+    vae = loaded_component(
+        loader, root, "vae", way=way, runtime_device=runtime_device, models=models
+    )
+    ordinary = ValueReadingVAE()
+    ordinary.load_state_dict(weights(root / "vae"))
+    assert_ordinary_state(vae, ordinary, runtime_device)

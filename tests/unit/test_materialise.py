@@ -1,9 +1,11 @@
-"""The ordinary way's fill of a pipeline's meta build (`reference.place.materialise`): slots made
-real in place, and a real build wherever a meta tensor would be left behind."""
+"""The ordinary way's fill of a meta build (`reference.place.materialise`), a pipeline's or the
+one a component loaded alone makes: slots made real in place, and a real build wherever a meta
+tensor would be left behind."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import safetensors.torch
@@ -11,12 +13,13 @@ import torch
 
 from fakes.pipelines import FakeComponent, PipelineDiT, write_pipeline
 from fakes.vae import StandardVAE, TiedVAE, UnrebuiltBufferVAE, VAEConfig
+from reference.load.loaders import VAELoader
 from reference.load.pipeline import load_pipeline
 from reference.place.build import build_on_meta
 from reference.place.materialise import materialise_slots, meta_leftovers
 from reference.place.modules import find_slots
 from reference.request.args import ServerArgs
-from reference.request.model_index import ModelRegistry
+from reference.request.model_index import ModelRegistry, read_pipeline
 
 pytestmark = pytest.mark.internal
 
@@ -59,21 +62,54 @@ def test_leftovers_name_a_buffer_and_a_view_left_on_meta() -> None:
     assert meta_leftovers(viewing, find_slots(viewing)) == ("shift_view",)
 
 
-def test_a_pipeline_vae_that_would_keep_a_meta_view_is_built_for_real(tmp_path: Path) -> None:
+class BuildRecordingVAE(StandardVAE):
+    """Records the device its parameters were made on, once per construction."""
+
+    builds: ClassVar[list[str]] = []
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__(config)
+        type(self).builds.append(self.latent_shift.device.type)
+
+
+def _vae_pipeline(tmp_path: Path, cls: type[StandardVAE]) -> tuple[Path, ModelRegistry]:
     components = {
         "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
-        "vae": FakeComponent(ViewKeepingVAE, seed=5),
+        "vae": FakeComponent(cls, seed=5),
     }
     root = write_pipeline(tmp_path, components)
     registry = ModelRegistry()
     for component in components.values():
         registry.register(component.cls)
-    args = ServerArgs(runtime_device=CPU, vae_precision=torch.float32)
-    loaded = {item.name: item.module for item in load_pipeline(root, args, registry=registry)}
+    return root, registry
+
+
+ARGS = ServerArgs(runtime_device=CPU, vae_precision=torch.float32)
+
+
+def _load_vae(root: Path, registry: ModelRegistry, way: str) -> torch.nn.Module:
+    if way == "alone":
+        spec = read_pipeline(root).component("vae")
+        return VAELoader(registry=registry).load(spec, ARGS).module
+    return {item.name: item.module for item in load_pipeline(root, ARGS, registry=registry)}["vae"]
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+def test_a_vae_without_a_direct_request_fills_one_meta_build(tmp_path: Path, way: str) -> None:
+    root, registry = _vae_pipeline(tmp_path, BuildRecordingVAE)
+    BuildRecordingVAE.builds.clear()  # writing the pipeline built it for real
+    _load_vae(root, registry, way)
+    assert BuildRecordingVAE.builds == ["meta"]  # no real build initialising its parameters
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+def test_a_vae_that_would_keep_a_meta_view_is_built_for_real(tmp_path: Path, way: str) -> None:
+    root, registry = _vae_pipeline(tmp_path, ViewKeepingVAE)
+    vae = _load_vae(root, registry, way)
     ordinary = ViewKeepingVAE()
     ordinary.load_state_dict(
         safetensors.torch.load_file(root / "vae" / "diffusion_pytorch_model.safetensors")
     )
     latent = torch.randn(1, 4, 2, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(loaded["vae"].decode(latent), ordinary.eval().decode(latent))  # type: ignore[operator]
+        assert torch.equal(vae.decode(latent), ordinary.eval().decode(latent))  # type: ignore[operator]
