@@ -433,9 +433,10 @@ def ordinarily(
     headers (CKPT-3), as `prepare` does.
 
     Building on meta and filling the build skips initialising every parameter that the
-    checkpoint then overwrites. Measured on 2026-12-07 (2 cores, warm, one process, medians of
-    5, `VAELoader().load` onto the CPU): diffusers' fp32 `AutoencoderKLWan` at Wan2.1's config
-    (485 MiB) loaded alone in 0.60 s building for real, 0.11 s filling the meta build."""
+    checkpoint then overwrites. Measured on 2026-12-07 (2 cores, files cached,
+    `VAELoader().load` onto the CPU): diffusers' fp32 `AutoencoderKLWan` at Wan2.1's config
+    (485 MiB) loaded alone, as the first load of fresh processes, in 1.09 s building for real
+    and 0.32 s filling the meta build (medians of 5)."""
     spec = request.component
     if request.prebuilt is None:
         module, checkpoint = loader.build_checked(request)
