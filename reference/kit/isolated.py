@@ -192,10 +192,11 @@ def _context() -> Any:
         preload = ["torch", __name__]
         if not torch.cuda.is_available():
             # torch._dynamo (with sympy) is what torch imports the first time a process runs
-            # some ops on meta through their Python references (weight_norm's norm, in a VAE
-            # built on meta): a second per child that builds one (measured 2026-12-07: 3.99 s
-            # against 2.06 s for test_pipe's second memory test). Only without CUDA: nothing
-            # the server imports may initialise CUDA, which its children could then not use.
+            # some ops on meta through their Python references (a loader's meta build may run
+            # them; the reference answers weight_norm's itself): a second per child that
+            # builds one (measured 2026-12-07: 3.99 s against 2.06 s for test_pipe's second
+            # memory test). Only without CUDA: nothing the server imports may initialise CUDA,
+            # which its children could then not use.
             preload.insert(1, "torch._dynamo")
         context.set_forkserver_preload(preload)
         return context

@@ -25,10 +25,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from reference.place import weight_norm_ops
+
 __all__ = [
     "FACTORIES",
     "INITIALISERS",
     "Kind",
+    "MetaAnswer",
     "Request",
     "Sizer",
     "Treatment",
@@ -215,13 +218,19 @@ Sizer = Callable[[Args, Kwargs, Tensors], Request | None]
 """An op's shape arithmetic: its request from its arguments, or None where meta must decide."""
 
 
+MetaAnswer = Callable[[Args, Kwargs], torch.Tensor | None]
+"""An op's result on meta inputs, made without running it (None: run it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Treatment:
-    """How the guard treats one torch function: its kind, and for a derived op the shape
-    arithmetic that sizes it (None: a run on meta does)."""
+    """How the guard treats one torch function: its kind, for a derived op the shape
+    arithmetic that sizes it (None: a run on meta does), and the op's result on meta inputs
+    where torch would compute it through its Python references (`weight_norm_ops`)."""
 
     kind: Kind
     sizer: Sizer | None = None
+    on_meta: MetaAnswer | None = None
 
 
 _TREATMENTS: dict[Any, Treatment] = {}
@@ -250,7 +259,7 @@ def _classify(func: Callable[..., Any]) -> Treatment:
         return Treatment(Kind.PASS)
     aten = _OPERATORS.get(name, name)
     if aten in _SHAPE_RULES:
-        return Treatment(Kind.DERIVED, _SHAPE_RULES[aten])
+        return Treatment(Kind.DERIVED, _SHAPE_RULES[aten], weight_norm_ops.META_ANSWERS.get(aten))
     if name in _CONVERSIONS:
         return Treatment(Kind.DERIVED, _converted(_CONVERSIONS[name]))
     if _pointwise(aten):
@@ -466,6 +475,7 @@ _SHAPE_RULES: dict[str, Callable[..., Request | None]] = {
     "to": _to,
     "clone": _copied,
     "contiguous": _contiguous,
+    **weight_norm_ops.SIZES,
 }
 
 

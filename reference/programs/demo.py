@@ -84,10 +84,6 @@ def warm_up(folder: Path, device: torch.device) -> None:
             ServerArgs(runtime_device=device),
             registry=ModelRegistry.of(MODEL_CLASSES),
         )
-        # A first meta build with weight_norm computes a norm on meta, which imports torch's
-        # symbolic-shape machinery (sympy): measured 1.4 s and about 45 MiB, once a process.
-        vae = SMALL_PIPELINE["vae"]
-        load_vae(lambda: vae.cls(**vae.config), root / "vae", device=torch.device("cpu"))
     print(f"warm-up load excluded from the tables ({sampler.anon_growth / MIB:.0f} MiB anon)")
 
 
