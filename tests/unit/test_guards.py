@@ -3,6 +3,7 @@ the read evidence and the reworded loader."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import pickle
@@ -174,6 +175,37 @@ def test_data_reads_see_read_calls_and_touched_pages_but_not_headers(tmp_path: P
         torch.empty(0, dtype=torch.uint8).set_(storage).max()
     with pytest.raises(AssertionError, match="was touched"):
         touches.assert_no_data_read(data)
+
+
+class _Cycle:
+    """An object in a reference cycle: freed only by the cyclic collector."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+        self.me = self
+
+
+def test_data_reads_see_touched_pages_though_earlier_garbage_could_be_freed_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Garbage an earlier call left (a module in a reference cycle) must not be collected
+    while a call is watched: its pages freed would hide the pages the call touches."""
+    reason = evidence_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    path = write_checkpoint({"w": torch.randn(4 << 20)}, tmp_path)  # 16 MiB of data
+    _Cycle(torch.ones(16 << 20))  # 64 MiB, resident, garbage from now on
+    with DataReads() as touches:
+        # Enough new containers for the collector to run on its own where it may (as a
+        # loader's construction makes them), before the pages are touched.
+        held = [[] for _ in range(10 * gc.get_threshold()[0])]
+        size = path.stat().st_size
+        storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+        torch.empty(0, dtype=torch.uint8).set_(storage).max()
+    del held
+    gc.collect()
+    with pytest.raises(AssertionError, match="was touched"):
+        touches.assert_no_data_read(data_bytes(path))
 
 
 def test_the_reworded_loader_keeps_types_and_names_but_no_words_or_reasons() -> None:

@@ -13,6 +13,7 @@ A checkpoint's tensor data must dwarf the noise (headers, module construction): 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -125,15 +126,29 @@ class DataReads:
         self.bytes_read = 0
         self.peak_growth = 0
         self.opened: list[str] = []
+        self._collecting = False
 
     def __enter__(self) -> DataReads:
-        reason = evidence_missing()  # also resets the peak
-        if reason is not None:
-            raise RuntimeError(reason)
+        # No cyclic collection while watched: garbage an earlier call left (a module in a
+        # reference cycle) freed during the call would lower the resident set, and the pages
+        # the call touches would then not raise the peak above where it started.
+        self._collecting = gc.isenabled()
+        gc.disable()
+        try:
+            reason = evidence_missing()  # also resets the peak
+            if reason is not None:
+                raise RuntimeError(reason)
+        except BaseException:
+            self._restore_gc()
+            raise
         _Opens.watch(self.opened)
         self._rchar = _rchar()
         self._rss = _status("VmRSS")
         return self
+
+    def _restore_gc(self) -> None:
+        if self._collecting:
+            gc.enable()
 
     def __exit__(
         self,
@@ -144,6 +159,7 @@ class DataReads:
         self.peak_growth = _status("VmHWM") - self._rss
         self.bytes_read = _rchar() - self._rchar
         _Opens.watching.remove(self.opened)
+        self._restore_gc()
 
     def opened_any(self, paths: list[Path]) -> list[str]:
         """Those of `paths` opened from Python while watched."""
