@@ -61,6 +61,7 @@ from reference.request.model_index import (
     ModelRegistry,
     is_encoder_component,
     is_transformer_component,
+    names_diffusers_class,
 )
 from reference.request.plan import WeightLoadPlan, resolve_checkpoint_load_device
 from reference.request.platform import SYSTEM, Platform
@@ -455,13 +456,38 @@ def ordinarily(
 
 
 class VocoderLoader(ComponentLoader):
-    """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3)."""
+    """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3). A vocoder
+    whose model_index.json entry names diffusers (`["diffusers", "MMAudioVocoder"]`) or one of
+    its pipeline packages (`["ltx2", "LTX2Vocoder"]`) is built from diffusers' own class (see
+    reference.place.diffusers_models); any other from the registry."""
 
     kind = "vocoder"
     direct_support = VOCODER_DIRECT_SUPPORT
 
+    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the component's model class now; return a `build()` from its config.json.
+
+        Raises:
+            CheckpointError: the class cannot be resolved (unregistered, not a diffusers model
+                class, or diffusers not installed).
+        """
+        if names_diffusers_class(spec.library):
+            return diffusers_models.vocoder_builder(spec)
+        return self.registered_builder(spec)
+
+    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
+        """The class resolves (a diffusers model class, or a registered one).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
+        self.model_builder(component)
+
+    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        return self.model_builder(spec)
+
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
-        return ordinarily(request, build=self.registered_builder(request.component), loader=self)
+        return ordinarily(request, build=self.model_builder(request.component), loader=self)
 
 
 def check_direct_memory(request: LoadRequest, platform: Platform) -> None:

@@ -14,7 +14,10 @@ that package. The name from the config is looked up in that package's namespace 
 imported as a module path, never through diffusers' lazy top-level module, which would import
 pipelines and whatever they pull in); any other name (a UNet, a pipeline, `os`, a dotted path) is
 refused. diffusers decides what is a VAE; the direct-streaming rules then decide which of those
-classes can be streamed, and refuse the others with the rule's error.
+classes can be streamed, and refuse the others with the rule's error. A vocoder resolves among
+`diffusers.models.autoencoders` too (diffusers keeps its vocoders there), or, where
+model_index.json names one of diffusers' pipeline packages as its library (LTX-2's
+`["ltx2", "LTX2Vocoder"]`), among the model classes that package defines, by name.
 
 diffusers is optional: without it, a pipeline that names the library fails with an error naming
 the extra to install.
@@ -34,7 +37,13 @@ from reference.errors import CheckpointError
 from reference.extras import install_hint
 from reference.place.adopt import LinearKinds
 from reference.place.host_memory import allocation_guard
-from reference.request.model_index import CONFIG, MODEL_INDEX, QUANTIZATION_CONFIG, ComponentSpec
+from reference.request.model_index import (
+    CONFIG,
+    MODEL_INDEX,
+    QUANTIZATION_CONFIG,
+    ComponentSpec,
+    diffusers_pipeline_package,
+)
 
 __all__ = [
     "DIT_PACKAGE",
@@ -48,8 +57,10 @@ __all__ = [
     "model_class_names",
     "resolve_dit_class",
     "resolve_model_class",
+    "resolve_pipeline_model_class",
     "resolve_vae_class",
     "vae_builder",
+    "vocoder_builder",
 ]
 
 LIBRARY = "diffusers"
@@ -121,6 +132,53 @@ def resolve_vae_class(component: ComponentSpec) -> type[nn.Module]:
         CheckpointError: as `resolve_model_class`.
     """
     return resolve_model_class(component, VAE_PACKAGE, "VAE")
+
+
+def resolve_pipeline_model_class(
+    component: ComponentSpec, package_name: str, kind: str
+) -> type[nn.Module]:
+    """The diffusers model class (a `ModelMixin`) that `component` names and that pipeline
+    package `package_name` defines, looked up by name in the package (as diffusers' own
+    `from_pretrained` does), never imported from a path the config gives.
+
+    Raises:
+        CheckpointError: diffusers is missing, or the name is not such a class.
+    """
+    package = import_model_package(component, package_name)
+    model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
+    name = component.class_name
+    try:
+        found = getattr(package, name) if name.isidentifier() else None
+    except (AttributeError, ImportError):
+        found = None
+    if not (
+        isinstance(found, type)
+        and issubclass(found, model_mixin)
+        and found.__name__ == name
+        and found.__module__.startswith(f"{package_name}.")
+    ):
+        raise CheckpointError(
+            str(component.folder.parent / MODEL_INDEX),
+            component.name,
+            f"{name!r} is not a {LIBRARY} model class of {package_name}; the {kind} loader"
+            f" builds only the model classes (ModelMixin) a {LIBRARY} package defines",
+        )
+    cls: type[nn.Module] = found
+    return cls
+
+
+def vocoder_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
+    """Resolve a vocoder's diffusers class now: one of `diffusers.models.autoencoders` (where
+    diffusers keeps its vocoders: `["diffusers", "MMAudioVocoder"]`), or one a pipeline package
+    defines (`["ltx2", "LTX2Vocoder"]`); return a `build()` from its config.json.
+
+    Raises:
+        CheckpointError: as `resolve_model_class` and `resolve_pipeline_model_class`.
+    """
+    package = diffusers_pipeline_package(component.library)
+    if package is None:
+        return model_builder(component, resolve_model_class(component, VAE_PACKAGE, "vocoder"))
+    return model_builder(component, resolve_pipeline_model_class(component, package, "vocoder"))
 
 
 def vae_builder(component: ComponentSpec) -> Callable[[], nn.Module]:

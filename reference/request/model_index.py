@@ -12,13 +12,15 @@ Layout (the Diffusers convention, as a diffusers pipeline's own `save_pretrained
 Parsing reads `model_index.json` and each component's `config.json`, never weights. Model classes
 are resolved by name through a `ModelRegistry`, a value the caller builds and passes in (the
 command line builds it from the `MODEL_CLASSES` of each `--models` module); nothing is
-imported by the name a config gives, so no code runs from a checkpoint. (A DiT or VAE whose entry
-names the `diffusers` library is looked up among diffusers' own model classes instead; see
+imported by the name a config gives, so no code runs from a checkpoint. (A DiT, VAE or vocoder
+whose entry names the `diffusers` library, or a vocoder whose entry names one of its pipeline
+packages, is looked up among diffusers' own model classes instead; see
 reference.place.diffusers_models.)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,12 +42,14 @@ __all__ = [
     "ComponentSpec",
     "ModelRegistry",
     "Pipeline",
+    "diffusers_pipeline_package",
     "encoder_index",
     "is_component_entry",
     "is_encoder_component",
     "is_image_encoder_component",
     "is_text_encoder_component",
     "is_transformer_component",
+    "names_diffusers_class",
     "read_pipeline",
 ]
 
@@ -56,6 +60,32 @@ CONFIG = "config.json"
 QUANTIZATION_CONFIG = "quantization_config"
 
 _TRANSFORMER = re.compile(r"transformer(_[0-9]+)?")
+DIFFUSERS = "diffusers"
+DIFFUSERS_PIPELINES = "diffusers.pipelines"
+
+
+def diffusers_pipeline_package(library: str) -> str | None:
+    """`diffusers.pipelines.<library>` where `library` is one of diffusers' pipeline packages,
+    as model_index.json names a model class a pipeline package defines (LTX-2's
+    `"vocoder": ["ltx2", "LTX2Vocoder"]`); None otherwise, or without diffusers. Asked of the
+    installed files: diffusers is not imported (seconds), so a library of another name costs
+    nothing."""
+    if not library.isidentifier() or library == DIFFUSERS:
+        return None
+    try:
+        found = importlib.util.find_spec(DIFFUSERS)  # finds the package, imports nothing
+    except (ImportError, ValueError):
+        return None
+    roots = (found.submodule_search_locations or []) if found is not None else []
+    if any((Path(root) / "pipelines" / library / "__init__.py").is_file() for root in roots):
+        return f"{DIFFUSERS_PIPELINES}.{library}"
+    return None
+
+
+def names_diffusers_class(library: str) -> bool:
+    """Whether a model_index.json entry of `library` names diffusers' own class: the
+    `diffusers` library, or one of its pipeline packages."""
+    return library == DIFFUSERS or diffusers_pipeline_package(library) is not None
 
 
 def is_transformer_component(name: str) -> bool:
