@@ -29,7 +29,7 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from torch import nn
 
@@ -87,18 +87,26 @@ def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
         ) from None
 
 
+def _defines_model_class(obj: object, name: str, package_name: str) -> TypeGuard[type[nn.Module]]:
+    """Whether `obj`, found under `name` in package `package_name`, is a diffusers model class
+    (a `ModelMixin`) of that name which the package itself defines."""
+    model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
+    return (
+        isinstance(obj, type)
+        and issubclass(obj, model_mixin)
+        and obj.__name__ == name
+        and obj.__module__.startswith(f"{package_name}.")
+    )
+
+
 @functools.cache  # a package's classes do not change; each component load asks again
 def model_class_names(package: ModuleType, package_name: str) -> tuple[str, ...]:
     """The ModelMixin classes `package` (named `package_name`) defines and exports, sorted."""
-    model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
     return tuple(
         sorted(
             name
             for name, obj in vars(package).items()
-            if isinstance(obj, type)
-            and issubclass(obj, model_mixin)
-            and obj.__name__ == name
-            and obj.__module__.startswith(f"{package_name}.")
+            if _defines_model_class(obj, name, package_name)
         )
     )
 
@@ -145,26 +153,19 @@ def resolve_pipeline_model_class(
         CheckpointError: diffusers is missing, or the name is not such a class.
     """
     package = import_model_package(component, package_name)
-    model_mixin = importlib.import_module(f"{LIBRARY}.models.modeling_utils").ModelMixin
     name = component.class_name
     try:
         found = getattr(package, name) if name.isidentifier() else None
     except (AttributeError, ImportError):
         found = None
-    if not (
-        isinstance(found, type)
-        and issubclass(found, model_mixin)
-        and found.__name__ == name
-        and found.__module__.startswith(f"{package_name}.")
-    ):
-        raise CheckpointError(
-            str(component.folder.parent / MODEL_INDEX),
-            component.name,
-            f"{name!r} is not a {LIBRARY} model class of {package_name}; the {kind} loader"
-            f" builds only the model classes (ModelMixin) a {LIBRARY} package defines",
-        )
-    cls: type[nn.Module] = found
-    return cls
+    if _defines_model_class(found, name, package_name):
+        return found
+    raise CheckpointError(
+        str(component.folder.parent / MODEL_INDEX),
+        component.name,
+        f"{name!r} is not a {LIBRARY} model class of {package_name}; the {kind} loader builds"
+        f" only the model classes (ModelMixin) a {LIBRARY} package defines",
+    )
 
 
 def vocoder_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
