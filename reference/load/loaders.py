@@ -43,7 +43,7 @@ from reference.load.encoder import (
     build_tied_encoder,
     load_encoder,
 )
-from reference.load.ordinary import load_ordinarily
+from reference.load.ordinary import build_for_real, load_ordinarily
 from reference.load.pipeline_memory import ComponentNeeds, check_shapes, component_needs
 from reference.load.vae import VAE_DEFAULTS, build_vae, load_vae
 from reference.place import diffusers_models, transformers_models
@@ -292,7 +292,7 @@ class ComponentLoader(ABC):
         """The component built on meta as its load will build it (slots in their final
         dtypes), within the host memory its checkpoint explains (CKPT-6), and its checkpoint's
         headers as the slots name them. The base builds on meta what the ordinary way builds
-        (`ordinary_builder`); the ordinary load fills it where nothing of it but its slots is
+        (`model_builder`); the ordinary load fills it where nothing of it but its slots is
         on meta, and builds for real otherwise (`reference.load.ordinary.load_ordinarily`).
         A construction that cannot run on meta (one that reads a parameter's value) is built
         for real here instead, as the ordinary way builds it (ADM-6), within the budget of a
@@ -303,7 +303,7 @@ class ComponentLoader(ABC):
         """
         spec = request.component
         checkpoint = open_checkpoint(spec.folder)
-        build = self.ordinary_builder(spec)
+        build = self.model_builder(spec)
         try:
             with construction_guard(
                 spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=False
@@ -312,18 +312,17 @@ class ComponentLoader(ABC):
         except LoadError:
             raise  # a refusal of the build itself (host memory, a config that does not fit)
         except Exception:
-            with construction_guard(
-                spec.name,
-                checkpoint_bytes=checkpoint.total_bytes,
-                ordinary=True,
-                config=spec.init_kwargs,
-            ):
-                module = build()
+            module = build_for_real(spec, build, checkpoint)
         cast_slots(module, request.dtype)
         return module, checkpoint
 
-    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
-        """The build the ordinary way runs (the registered class from its config.json)."""
+    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the component's class now; return the build the ordinary way runs, from its
+        config.json (the base: the registered class).
+
+        Raises:
+            CheckpointError: the class cannot be resolved.
+        """
         return self.registered_builder(spec)
 
     def adopts(self, request: LoadRequest) -> bool:
@@ -364,14 +363,14 @@ class ComponentLoader(ABC):
     def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
         """Refuse, before any file is opened, a model this loader cannot build as asked.
 
-        The base resolves the component's class in the registry. `reference.load.pipeline` runs
-        this for every component before the first one loads, so a pipeline fails whole or not at
-        all.
+        The base resolves the component's class (`model_builder`). `reference.load.pipeline`
+        runs this for every component before the first one loads, so a pipeline fails whole or
+        not at all.
 
         Raises:
             CheckpointError: the class cannot be resolved.
         """
-        self.registry.resolve(component.class_name, component=component)
+        self.model_builder(component)
 
     def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
         """The component's precision (PREC-1): `ServerArgs.precision_for`."""
@@ -474,17 +473,6 @@ class VocoderLoader(ComponentLoader):
         if names_diffusers_class(spec.library):
             return diffusers_models.vocoder_builder(spec)
         return self.registered_builder(spec)
-
-    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
-        """The class resolves (a diffusers model class, or a registered one).
-
-        Raises:
-            CheckpointError: the class cannot be resolved.
-        """
-        self.model_builder(component)
-
-    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
-        return self.model_builder(spec)
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         return ordinarily(request, build=self.model_builder(request.component), loader=self)
@@ -660,17 +648,6 @@ class VAELoader(ComponentLoader):
         if spec.library == diffusers_models.LIBRARY:
             return diffusers_models.vae_builder(spec)
         return self.registered_builder(spec)
-
-    def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:
-        """The class resolves (a diffusers VAE class, or a registered one).
-
-        Raises:
-            CheckpointError: the class cannot be resolved.
-        """
-        self.model_builder(component)
-
-    def ordinary_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
-        return self.model_builder(spec)
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
         if not request.direct:

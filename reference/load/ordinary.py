@@ -21,7 +21,7 @@ from reference.place.records import TensorRecord
 from reference.read.checkpoint import Checkpoint, TensorReader, open_checkpoint
 from reference.request.model_index import ComponentSpec
 
-__all__ = ["load_ordinarily", "load_state_ordinarily"]
+__all__ = ["build_for_real", "load_ordinarily", "load_state_ordinarily"]
 
 
 def load_ordinarily(
@@ -53,18 +53,26 @@ def load_ordinarily(
     checkpoint = open_checkpoint(spec.folder)
     module = _made_real(prebuilt, dtype) if prebuilt is not None else None
     if module is None:
-        # The build may take no more host memory than its checkpoint explains: weights within
-        # WIDEST_RATIO of it, tables within TABLE_FLOOR (a config.json sized past its weights).
-        with construction_guard(
-            spec.name,
-            checkpoint_bytes=checkpoint.total_bytes,
-            ordinary=True,
-            config=spec.init_kwargs,
-        ):
-            module = build()
+        module = build_for_real(spec, build, checkpoint)
         cast_slots(module, dtype)  # PREC-1, PREC-2: the real slots, converted before loading
     records = load_state_ordinarily(module, spec, device, checkpoint)
     return module.to(target).eval(), records
+
+
+def build_for_real(
+    spec: ComponentSpec, build: Callable[[], nn.Module], checkpoint: Checkpoint
+) -> nn.Module:
+    """`build()`, the ordinary way's real build, within the host memory `checkpoint` explains.
+
+    Raises:
+        HostMemoryError: the build would take more (naming the config key that sized it).
+    """
+    # Weights within WIDEST_RATIO of the checkpoint, tables within TABLE_FLOOR (a config.json
+    # sized past its weights).
+    with construction_guard(
+        spec.name, checkpoint_bytes=checkpoint.total_bytes, ordinary=True, config=spec.init_kwargs
+    ):
+        return build()
 
 
 def _made_real(prebuilt: nn.Module, dtype: torch.dtype) -> nn.Module | None:

@@ -22,7 +22,13 @@ from fakes.pipelines import (
     write_pipeline,
 )
 from fakes.platform import FakePlatform
-from fakes.vae import HandleKeepingVAE, UnrebuiltBufferVAE, VAEConfig, ValueReadingVAE
+from fakes.vae import (
+    HandleKeepingVAE,
+    StandardVAE,
+    UnrebuiltBufferVAE,
+    VAEConfig,
+    ValueReadingVAE,
+)
 from reference.kit.judging.judge import tensor_named
 from reference.kit.seam import (
     ADMISSION,
@@ -153,6 +159,31 @@ def test_without_a_flag_each_component_loads_as_an_ordinary_build(
         torch.testing.assert_close(tensor_named(module, key).cpu(), buffer)
 
 
+def loaded_vae_and_ordinary(
+    loader: SeamLoader,
+    tmp_path: Path,
+    cls: type[StandardVAE],
+    *,
+    way: str,
+    runtime_device: torch.device,
+) -> tuple[torch.nn.Module, StandardVAE]:
+    """A pipeline whose VAE is a `cls` (beside a DiT) written into `tmp_path`, its VAE loaded
+    with no flag (`loaded_component`), and the ordinary build of `cls` holding the same
+    checkpoint (construct, `load_state_dict`) on the CPU."""
+    components = {
+        "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
+        "vae": FakeComponent(cls, seed=5),
+    }
+    root = write_pipeline(tmp_path, components)
+    models = {c.cls.__name__: c.cls for c in components.values()}
+    vae = loaded_component(
+        loader, root, "vae", way=way, runtime_device=runtime_device, models=models
+    )
+    ordinary = cls()
+    ordinary.load_state_dict(weights(root / "vae"))
+    return vae, ordinary
+
+
 @pytest.mark.parametrize("way", WAYS)
 def test_without_a_flag_a_vae_decodes_as_its_ordinary_build(
     loader: SeamLoader, runtime_device: torch.device, tmp_path: Path, way: str
@@ -161,17 +192,9 @@ def test_without_a_flag_a_vae_decodes_as_its_ordinary_build(
     decodes as the ordinary build does (construct, `load_state_dict`): a loader that builds
     the default path on meta must fill the parameter objects construction made, not put new
     ones in their slots."""
-    components = {
-        "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
-        "vae": FakeComponent(HandleKeepingVAE, seed=5),
-    }
-    root = write_pipeline(tmp_path, components)
-    models = {c.cls.__name__: c.cls for c in components.values()}
-    vae = loaded_component(
-        loader, root, "vae", way=way, runtime_device=runtime_device, models=models
+    vae, ordinary = loaded_vae_and_ordinary(
+        loader, tmp_path, HandleKeepingVAE, way=way, runtime_device=runtime_device
     )
-    ordinary = HandleKeepingVAE()
-    ordinary.load_state_dict(weights(root / "vae"))
     ordinary = ordinary.to(runtime_device).eval()
     generator = torch.Generator().manual_seed(0)
     latent = torch.randn(1, ordinary.config.latent_channels, 2, 4, 4, generator=generator)
@@ -188,15 +211,7 @@ def test_without_a_flag_a_vae_whose_construction_reads_its_weights_loads(
     """A VAE whose construction reads a value of a parameter it made (`ValueReadingVAE`)
     builds the ordinary way, so with no flag it loads, as its ordinary build: a loader that
     builds the default path on meta must build such a class for real."""
-    components = {
-        "transformer": FakeComponent(PipelineDiT, {"hidden": 32, "depth": 2}, seed=2),
-        "vae": FakeComponent(ValueReadingVAE, seed=6),
-    }
-    root = write_pipeline(tmp_path, components)
-    models = {c.cls.__name__: c.cls for c in components.values()}
-    vae = loaded_component(
-        loader, root, "vae", way=way, runtime_device=runtime_device, models=models
+    vae, ordinary = loaded_vae_and_ordinary(
+        loader, tmp_path, ValueReadingVAE, way=way, runtime_device=runtime_device
     )
-    ordinary = ValueReadingVAE()
-    ordinary.load_state_dict(weights(root / "vae"))
     assert_ordinary_state(vae, ordinary, runtime_device)
