@@ -9,6 +9,7 @@ about these classes beyond the `models=` mapping a test hands it.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import weakref
@@ -16,15 +17,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
-from fakes.pipelines import FakeComponent, PipelineDiT, PipelineVAE, write_pipeline
+from fakes.pipelines import (
+    FakeComponent,
+    PipelineDiT,
+    PipelineVAE,
+    write_component,
+    write_pipeline,
+)
+from reference.request.model_index import MODEL_INDEX
 
 __all__ = [
     "BIG_PIPELINE",
     "LATE",
     "FailingVAE",
     "InterruptedVAE",
+    "TrackedConnectors",
     "TrackedDiT",
     "TrackedEncoder",
     "TrackedVAE",
@@ -33,6 +43,7 @@ __all__ = [
     "built",
     "tracked_classes",
     "write_big_pipeline",
+    "write_with_connectors",
 ]
 
 
@@ -86,6 +97,21 @@ class TrackedVAE(PipelineVAE, Tracking):
         self.track()
 
 
+class TrackedConnectors(nn.Module, Tracking):
+    """A component of no named kind, of the test's own library: LTX-2 declares `connectors`
+    (layers between its text encoder and its DiT) beside the DiT, VAEs, vocoder and text
+    encoder. Plain torch layers, tracked."""
+
+    def __init__(self, *, width: int = 64, depth: int = 2) -> None:
+        super().__init__()
+        self.proj_in = nn.Linear(width, width)
+        self.registers = nn.Parameter(torch.zeros(4, width))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width)) for _ in range(depth)
+        )
+        self.track()
+
+
 LATE = 0.5
 """Seconds a failing VAE's load takes after its tensors are in: the other components of its
 pipeline load meanwhile, so the failure comes after they hold their memory."""
@@ -118,7 +144,14 @@ def tracked_classes() -> Mapping[str, type[nn.Module]]:
     """The classes these pipelines name, by class name (what a test hands as `models=`)."""
     return {
         cls.__name__: cls
-        for cls in (TrackedDiT, TrackedEncoder, TrackedVAE, FailingVAE, InterruptedVAE)
+        for cls in (
+            TrackedDiT,
+            TrackedEncoder,
+            TrackedVAE,
+            FailingVAE,
+            InterruptedVAE,
+            TrackedConnectors,
+        )
     }
 
 
@@ -151,3 +184,15 @@ def write_big_pipeline(
         components,
         extra_index={"scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]},
     )
+
+
+def write_with_connectors(root: Path) -> Path:
+    """The big pipeline a quarter as wide (`write_big_pipeline(small=True)`), and a
+    `connectors` component of class `TrackedConnectors` with its config.json and weights, as
+    LTX-2 declares one. Returns `root`."""
+    write_big_pipeline(root, small=True)
+    write_component(root, "connectors", FakeComponent(TrackedConnectors, {"width": 64}, seed=7))
+    index = json.loads((root / MODEL_INDEX).read_text())
+    index["connectors"] = ["fakes", TrackedConnectors.__name__]
+    (root / MODEL_INDEX).write_text(json.dumps(index, indent=2))
+    return root

@@ -61,6 +61,7 @@ from fakes.broken.pipeline import (
     FillsMetaBuildsByAssignment,
     KeepsComponentsOfAFailedLoad,
     LeavesOutWhatItCannotBuild,
+    LoadsOnlyTheKindsItKnowsByName,
     PreflightsEachComponentAlone,
     StagesEveryComponentAtOnce,
 )
@@ -228,6 +229,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     PreflightsTheFirstShardOnly,
     # whole pipelines
     LeavesOutWhatItCannotBuild,
+    LoadsOnlyTheKindsItKnowsByName,
     PreflightsEachComponentAlone,
     KeepsComponentsOfAFailedLoad,
     StagesEveryComponentAtOnce,

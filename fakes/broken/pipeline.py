@@ -23,13 +23,14 @@ from reference.load.together import run_together
 from reference.place.build import build_on_meta
 from reference.request.admission import admit
 from reference.request.args import own_server_args
-from reference.request.model_index import ModelRegistry, read_pipeline
+from reference.request.model_index import ComponentSpec, ModelRegistry, read_pipeline
 
 __all__ = [
     "BuildsDefaultsOnlyOnMeta",
     "FillsMetaBuildsByAssignment",
     "KeepsComponentsOfAFailedLoad",
     "LeavesOutWhatItCannotBuild",
+    "LoadsOnlyTheKindsItKnowsByName",
     "PreflightsEachComponentAlone",
     "StagesEveryComponentAtOnce",
 ]
@@ -86,11 +87,12 @@ class LeavesOutWhatItCannotBuild(BrokenAdapter):
         registry = _registry(request)
         buildable = []
         for name in pipeline.names:
-            if _weightless(name):
+            spec = pipeline.component(name)
+            if _weightless(spec):
                 continue
             try:
-                load.loader_for(name, registry=registry, platform=request.platform).admit_model(
-                    pipeline.component(name), args
+                load.loader_for(spec, registry=registry, platform=request.platform).admit_model(
+                    spec, args
                 )
             except LoadError:
                 continue
@@ -120,9 +122,10 @@ class PreflightsEachComponentAlone(BrokenAdapter):
         pipeline = read_pipeline(request.pipeline_dir)
         admit(pipeline, args, platform=request.platform)
         registry = _registry(request)
-        names = [n for n in pipeline.names if not _weightless(n)]
+        names = [n for n in pipeline.names if not _weightless(pipeline.component(n))]
         loaders = {
-            n: load.loader_for(n, registry=registry, platform=request.platform) for n in names
+            n: load.loader_for(pipeline.component(n), registry=registry, platform=request.platform)
+            for n in names
         }
         direct = {n: loaders[n].admit(pipeline.component(n), args) for n in names}
         loaded = []
@@ -135,12 +138,41 @@ class PreflightsEachComponentAlone(BrokenAdapter):
         return _returned(request, loaded)
 
 
-def _weightless(name: str) -> bool:
+def _weightless(component: str | ComponentSpec) -> bool:
+    """No loader kind covers `component` (by its name alone where a name is given)."""
     try:
-        loader_kind(name)
+        loader_kind(component)
     except Exception:
         return True
     return False
+
+
+class LoadsOnlyTheKindsItKnowsByName(BrokenAdapter):
+    """Loads the components its loaders know by name (DiTs, VAEs, vocoder, encoders) and
+    lists every other one as not loaded, as a loader that decides what holds weights by a
+    component's name does: LTX-2's `connectors` (a model folder of no named kind) are left
+    out, so the caller holds a pipeline short of weights it needs (PIPE-1). (The reference
+    did this until its module loader.)"""
+
+    name = "broken-loads-only-the-kinds-it-knows-by-name"
+    breaks = frozenset({"PIPE-1"})
+
+    def load_pipeline(self, request: PipelineRequest) -> LoadedPipeline:
+        pipeline = read_pipeline(request.pipeline_dir)
+        named = [n for n in pipeline.names if not _weightless(n)]
+        loaded = load.load_pipeline(
+            request.pipeline_dir,
+            own_server_args(request.args),
+            components=named,
+            registry=_registry(request),
+            platform=request.platform,
+        )
+        listed = {n: "not a kind this loader knows" for n in pipeline.names if n not in named}
+        return LoadedPipeline(
+            components={item.name: item.module for item in loaded},
+            not_loaded=listed,
+            reports=tuple(item.report for item in loaded),
+        )
 
 
 class KeepsComponentsOfAFailedLoad(BrokenAdapter):

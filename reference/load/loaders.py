@@ -1,5 +1,6 @@
 """Component loaders: one `load()` template that admits first, then loads (ADM-3, ADM-5), and its
-four kinds: the transformer (DiT), VAE, vocoder and encoder (text and image encoders) loaders.
+five kinds: the transformer (DiT), VAE, vocoder, encoder (text and image encoders) and module
+(any other weight-bearing component) loaders.
 
 `ComponentLoader.load` runs, in this order and nowhere else:
   1. the loader gate (reference.request.admission.check_loader): refuses a request this loader
@@ -52,7 +53,13 @@ from reference.place.build import build_module, build_on_meta
 from reference.place.cast import cast_slots
 from reference.place.host_memory import construction_guard
 from reference.read import preflight
-from reference.read.checkpoint import Checkpoint, hidden_files, open_checkpoint, skipped_notes
+from reference.read.checkpoint import (
+    Checkpoint,
+    hidden_files,
+    is_model_folder,
+    open_checkpoint,
+    skipped_notes,
+)
 from reference.report.summary import LoadReport
 from reference.request.admission import NO_DIRECT_SUPPORT, DirectSupport, check_loader
 from reference.request.args import QUANTIZATION_FLAG, ServerArgs
@@ -71,6 +78,7 @@ from reference.request.quantization import QuantizationSpec, requires_device_wei
 __all__ = [
     "DIRECT_SUPPORT",
     "ENCODER_DIRECT_SUPPORT",
+    "MODULE_DIRECT_SUPPORT",
     "TRANSFORMER_DIRECT_SUPPORT",
     "VAE_DIRECT_SUPPORT",
     "VOCODER_DIRECT_SUPPORT",
@@ -79,6 +87,7 @@ __all__ = [
     "EncoderLoader",
     "LoadRequest",
     "LoadedComponent",
+    "ModuleLoader",
     "PreparedComponent",
     "TransformerLoader",
     "VAELoader",
@@ -94,30 +103,49 @@ TRANSFORMER_DIRECT_SUPPORT = DirectSupport(dit_flag=True)
 VAE_DIRECT_SUPPORT = DirectSupport(components=frozenset({"vae", "video_vae"}))
 VOCODER_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
 ENCODER_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
+MODULE_DIRECT_SUPPORT = NO_DIRECT_SUPPORT
 DIRECT_SUPPORT: dict[str, DirectSupport] = {
     "transformer": TRANSFORMER_DIRECT_SUPPORT,
     "vae": VAE_DIRECT_SUPPORT,
     "vocoder": VOCODER_DIRECT_SUPPORT,
     "encoder": ENCODER_DIRECT_SUPPORT,
+    "module": MODULE_DIRECT_SUPPORT,
 }
 
 
-def loader_kind(component: str) -> str:
-    """The kind of loader a component needs, by its name.
+def loader_kind(component: str | ComponentSpec) -> str:
+    """The kind of loader a component needs: by its name (`transformer*`, the VAEs, `vocoder`,
+    `text_encoder*`, `image_encoder*`); given its spec, a component of no named kind whose
+    folder holds a model (`is_model_folder`) is an `encoder` when model_index.json names
+    `transformers` (any class it ships: AudioLDM 2's `language_model`), else a `module`
+    (diffusers' own class or a registered one, the ordinary way: a UNet, LTX-2's
+    `connectors`), so that no weight-bearing component is left out (PIPE-1).
 
     Raises:
-        LoadError: for a component no loader kind covers.
+        LoadError: for a component no loader kind covers (its folder holds no model).
     """
-    if is_transformer_component(component):
+    name = component if isinstance(component, str) else component.name
+    if is_transformer_component(name):
         return "transformer"
-    if component in ("vae", "video_vae", "audio_vae"):
+    if name in ("vae", "video_vae", "audio_vae"):
         return "vae"
-    if component == "vocoder":
-        return "vocoder"
-    if is_encoder_component(component):
+    if is_encoder_component(name):
         return "encoder"
+    model_library = (
+        None
+        if isinstance(component, str) or not is_model_folder(component.folder)
+        else component.library
+    )
+    if model_library == transformers_models.LIBRARY:
+        return "encoder"
+    if name == "vocoder":
+        return "vocoder"
+    if model_library is not None:
+        return "module"
+    why = "no folder was given" if isinstance(component, str) else "its folder holds no model"
     raise LoadError(
-        f"component {component!r}: no loader covers it; known kinds: {', '.join(DIRECT_SUPPORT)}"
+        f"component {name!r}: no loader covers it: its name is of none of the named kinds and"
+        f" {why} (a config.json or weight files); kinds: {', '.join(DIRECT_SUPPORT)}"
     )
 
 
@@ -478,6 +506,47 @@ class VocoderLoader(ComponentLoader):
         return ordinarily(request, build=self.model_builder(request.component), loader=self)
 
 
+class ModuleLoader(ComponentLoader):
+    """Loads a weight-bearing component of no named kind (`loader_kind`: a UNet, a ControlNet,
+    LTX-2's `connectors`) the ordinary way. It supports no direct-GPU loading (ADM-3). A
+    component whose model_index.json entry names diffusers (`["diffusers",
+    "UNet2DConditionModel"]`) or one of its pipeline packages (`["ltx2",
+    "LTX2TextConnectors"]`) is built from diffusers' own model class
+    (`diffusers_models.module_builder`); any other from the registry, refused at admission
+    when it is not registered. Its precision defaults to the dtype its checkpoint stores
+    (`ServerArgs.module_precision`): no flag names it but `--component-precisions.<c>`."""
+
+    kind = "module"
+    direct_support = MODULE_DIRECT_SUPPORT
+
+    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the component's model class now; return a `build()` from its config.json.
+
+        Raises:
+            CheckpointError: the class cannot be resolved (unregistered, not a diffusers model
+                class, or diffusers not installed).
+        """
+        if names_diffusers_class(spec.library):
+            return diffusers_models.module_builder(spec)
+        return self.registered_builder(spec)
+
+    def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
+        """Its `--component-precisions.<c>` entry, else the floating dtype its checkpoint
+        stores (fp32 for a checkpoint with no floating tensor)."""
+        return args.module_precision(component.name, stored=_stored_dtype(component))
+
+    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
+        return ordinarily(request, build=self.model_builder(request.component), loader=self)
+
+
+def _stored_dtype(component: ComponentSpec) -> torch.dtype:
+    """The floating dtype most of the component's checkpoint bytes are stored in, read from
+    its headers; fp32 for a checkpoint with no floating tensor."""
+    checkpoint = open_checkpoint(component.folder)
+    stored = stored_dtype((info.dtype, info.nbytes) for info in checkpoint.tensors.values())
+    return stored or torch.float32
+
+
 def check_direct_memory(request: LoadRequest, platform: Platform) -> None:
     """DG-6 for an admitted direct request: the headers' bytes must fit the device."""
     spec = request.component
@@ -686,9 +755,11 @@ class VAELoader(ComponentLoader):
 
 
 class EncoderLoader(ComponentLoader):
-    """Loads text and image encoders (`text_encoder`, `text_encoder_2`, `image_encoder`, ...)
-    through `reference.load.encoder.load_encoder` (TE-1, TE-2). It supports no direct-GPU
-    loading (ADM-3): a resident encoder is read straight onto its device anyway.
+    """Loads text and image encoders (`text_encoder`, `text_encoder_2`, `image_encoder`, ...),
+    and any other model of the transformers library (`loader_kind`: AudioLDM 2's
+    `language_model`, a `SpeechT5HifiGan` vocoder), through
+    `reference.load.encoder.load_encoder` (TE-1, TE-2). It supports no direct-GPU loading
+    (ADM-3): a resident encoder is read straight onto its device anyway.
 
     A component whose model_index.json entry names the `transformers` library is built from
     transformers' own class (reference.place.transformers_models), refused at admission when it
@@ -740,10 +811,12 @@ class EncoderLoader(ComponentLoader):
 
     def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
         """TE-3: the flags' precision for this encoder, else the floating dtype its checkpoint
-        stores (read from the headers; fp32 for a checkpoint with no floating tensor)."""
-        checkpoint = open_checkpoint(component.folder)
-        stored = stored_dtype((info.dtype, info.nbytes) for info in checkpoint.tensors.values())
-        return args.encoder_precision(component.name, stored=stored or torch.float32)
+        stores (read from the headers; fp32 for a checkpoint with no floating tensor). A
+        `vocoder` of the transformers library (AudioLDM 2's `SpeechT5HifiGan`) takes the
+        vocoder's precision, as every vocoder (PREC-1, `ServerArgs.precision_for`)."""
+        if component.name == "vocoder":
+            return args.precision_for(component.name)
+        return args.encoder_precision(component.name, stored=_stored_dtype(component))
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
         spec = request.component

@@ -25,6 +25,7 @@ from reference.load.loaders import (
     ComponentLoader,
     EncoderLoader,
     LoadedComponent,
+    ModuleLoader,
     PreparedComponent,
     TransformerLoader,
     VAELoader,
@@ -35,7 +36,7 @@ from reference.load.pipeline_memory import check_pipeline_memory
 from reference.load.together import run_together
 from reference.request.admission import admit
 from reference.request.args import ServerArgs
-from reference.request.model_index import ModelRegistry, Pipeline, read_pipeline
+from reference.request.model_index import ComponentSpec, ModelRegistry, Pipeline, read_pipeline
 from reference.request.platform import SYSTEM, Platform
 
 __all__ = [
@@ -54,19 +55,21 @@ LOADERS: dict[str, type[ComponentLoader]] = {
     "vae": VAELoader,
     "vocoder": VocoderLoader,
     "encoder": EncoderLoader,
+    "module": ModuleLoader,
 }
 """Loader classes by kind (see reference.load.loaders.loader_kind)."""
 
 
 def loader_for(
-    component: str,
+    component: str | ComponentSpec,
     *,
     registry: ModelRegistry | None = None,
     platform: Platform = SYSTEM,
     adopt: bool = True,
 ) -> ComponentLoader:
-    """A loader instance for `component`; `adopt` False: its DiT or encoder copies every
-    tensor (`DiTOptions.adopt`, the benchmark's copy path).
+    """A loader instance for `component` (a name: its named kind; a spec: any weight-bearing
+    component, `loader_kind`); `adopt` False: its DiT or encoder copies every tensor
+    (`DiTOptions.adopt`, the benchmark's copy path).
 
     Raises:
         LoadError: for a component no loader kind covers.
@@ -137,9 +140,16 @@ def prepare_pipeline(
     args = args.on_platform(platform)
     pipeline = read_pipeline(Path(root))
     admit(pipeline, args, platform=platform)
-    names = components if components is not None else [n for n in pipeline.names if _has_loader(n)]
+    names = (
+        components
+        if components is not None
+        else [n for n in pipeline.names if _has_loader(pipeline.component(n))]
+    )
     loaders = [
-        (name, loader_for(name, registry=registry, platform=platform, adopt=adopt))
+        (
+            name,
+            loader_for(pipeline.component(name), registry=registry, platform=platform, adopt=adopt),
+        )
         for name in names
     ]
     direct = {name: loader.admit(pipeline.component(name), args) for name, loader in loaders}
@@ -176,15 +186,15 @@ def iter_load(
 
 
 def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
-    """The declared components no loader covers, each with why it is not loaded.
+    """The declared components that hold no model, each with why it is not loaded.
 
     They are listed, not refused: a scheduler, a tokenizer, a processor or a feature extractor
-    holds no model weights. Every component with weights (DiTs, VAEs, vocoder, text and image
-    encoders) has a loader; one no loader covers is listed with that reason.
+    holds no model weights. Every component whose folder holds a model (a `config.json` or
+    weight files) has a loader (`loader_kind`), which loads it or refuses the pipeline.
     """
     skipped = []
     for name, spec in pipeline.components.items():
-        if _has_loader(name):
+        if _has_loader(spec):
             continue
         what = f"{spec.library}.{spec.class_name}"
         lowered = (name + spec.class_name).lower()
@@ -192,12 +202,10 @@ def not_loaded(pipeline: Pipeline) -> tuple[tuple[str, str], ...]:
             why = "a scheduler: settings, no weights"
         elif "tokenizer" in lowered or "processor" in lowered or "extractor" in lowered:
             why = "a tokenizer or processor: vocabulary and settings, no weights"
+        elif not spec.folder.is_dir():
+            why = f"no folder {name}/ beside model_index.json, so no weights to load"
         else:
-            why = (
-                f"no loader of the reference covers the component {name!r} (DiTs, VAEs,"
-                f" vocoder, text and image encoders); load it with its own library"
-                f" ({spec.library})"
-            )
+            why = f"its folder {name}/ holds no config.json and no weight files"
         skipped.append((name, f"{what}: {why}"))
     return tuple(skipped)
 
@@ -218,8 +226,9 @@ def load_pipeline(
         root: the pipeline directory (model_index.json and one folder per component).
         args: the loading options; without a runtime device, cuda:0 when `platform` reports
             CUDA, else the CPU.
-        components: which components to load (default: every declared component that a loader
-            covers; others, such as schedulers and tokenizers, are not weights: `not_loaded`).
+        components: which components to load (default: every declared component whose folder
+            holds a model; the others, such as schedulers and tokenizers, hold no weights:
+            `not_loaded`).
         registry: where model classes are resolved.
         platform: CUDA facts for admission, free device and host memory for the preflight.
         options: how many components load at once (`PipelineOptions`).
@@ -253,7 +262,7 @@ def load_pipeline(
         raise
 
 
-def _has_loader(component: str) -> bool:
+def _has_loader(component: ComponentSpec) -> bool:
     try:
         loader_kind(component)
     except LoadError:

@@ -17,7 +17,9 @@ refused. diffusers decides what is a VAE; the direct-streaming rules then decide
 classes can be streamed, and refuse the others with the rule's error. A vocoder resolves among
 `diffusers.models.autoencoders` too (diffusers keeps its vocoders there), or, where
 model_index.json names one of diffusers' pipeline packages as its library (LTX-2's
-`["ltx2", "LTX2Vocoder"]`), among the model classes that package defines, by name.
+`["ltx2", "LTX2Vocoder"]`), among the model classes that package defines, by name. A
+component of no named kind (a UNet, LTX-2's `connectors`) resolves the same way, among every
+model class of `diffusers.models` or of the pipeline package its entry names.
 
 diffusers is optional: without it, a pipeline that names the library fails with an error naming
 the extra to install.
@@ -48,6 +50,7 @@ from reference.request.model_index import (
 __all__ = [
     "DIT_PACKAGE",
     "LIBRARY",
+    "MODELS_PACKAGE",
     "PLAIN_TORCH_KINDS",
     "VAE_PACKAGE",
     "NoStandardLinear",
@@ -55,6 +58,7 @@ __all__ = [
     "import_model_package",
     "model_builder",
     "model_class_names",
+    "module_builder",
     "resolve_dit_class",
     "resolve_model_class",
     "resolve_pipeline_model_class",
@@ -66,6 +70,7 @@ __all__ = [
 LIBRARY = "diffusers"
 VAE_PACKAGE = "diffusers.models.autoencoders"
 DIT_PACKAGE = "diffusers.models.transformers"
+MODELS_PACKAGE = "diffusers.models"
 
 
 def import_model_package(component: ComponentSpec, package: str) -> ModuleType:
@@ -94,6 +99,7 @@ def _defines_model_class(obj: object, name: str, package_name: str) -> TypeGuard
     return (
         isinstance(obj, type)
         and issubclass(obj, model_mixin)
+        and obj is not model_mixin
         and obj.__name__ == name
         and obj.__module__.startswith(f"{package_name}.")
     )
@@ -145,9 +151,10 @@ def resolve_vae_class(component: ComponentSpec) -> type[nn.Module]:
 def resolve_pipeline_model_class(
     component: ComponentSpec, package_name: str, kind: str
 ) -> type[nn.Module]:
-    """The diffusers model class (a `ModelMixin`) that `component` names and that pipeline
-    package `package_name` defines, looked up by name in the package (as diffusers' own
-    `from_pretrained` does), never imported from a path the config gives.
+    """The diffusers model class (a `ModelMixin`) that `component` names and that package
+    `package_name` (a pipeline package, or `diffusers.models`) defines, looked up by name in
+    the package (as diffusers' own `from_pretrained` does), never imported from a path the
+    config gives.
 
     Raises:
         CheckpointError: diffusers is missing, or the name is not such a class.
@@ -180,6 +187,19 @@ def vocoder_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
     if package is None:
         return model_builder(component, resolve_model_class(component, VAE_PACKAGE, "vocoder"))
     return model_builder(component, resolve_pipeline_model_class(component, package, "vocoder"))
+
+
+def module_builder(component: ComponentSpec) -> Callable[[], nn.Module]:
+    """Resolve the diffusers class of a component of no named kind now: any model class of
+    `diffusers.models` where model_index.json names `diffusers` (`["diffusers",
+    "UNet2DConditionModel"]`), or one a pipeline package defines (LTX-2's `["ltx2",
+    "LTX2TextConnectors"]`); return a `build()` from its config.json.
+
+    Raises:
+        CheckpointError: as `resolve_pipeline_model_class`.
+    """
+    package = diffusers_pipeline_package(component.library) or MODELS_PACKAGE
+    return model_builder(component, resolve_pipeline_model_class(component, package, "module"))
 
 
 def vae_builder(component: ComponentSpec) -> Callable[[], nn.Module]:

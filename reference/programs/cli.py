@@ -151,11 +151,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Load every component of a pipeline folder and print what each load did.",
         epilog=(
             f"loading options:\n{flags}\n\nA component whose model_index.json entry names the"
-            ' diffusers library\n(e.g. ["diffusers", "WanTransformer3DModel"]) is built from'
-            f" diffusers' own class\n({install_hint('diffusers')}); text and image encoders"
-            ' named ["transformers", "<Class>"]\nfrom the class transformers ships;'
-            " other classes need --models.\nSchedulers, tokenizers and processors are listed"
-            " as not loaded; the pipeline's own settings in model_index.json are listed too."
+            ' diffusers library\n(["diffusers", "WanTransformer3DModel"]) or one of its pipeline'
+            ' packages (["ltx2", "LTX2TextConnectors"])\nis built from diffusers\' own class'
+            f" ({install_hint('diffusers')});\none named"
+            ' ["transformers", "<Class>"] from the class transformers ships; other classes need'
+            " --models.\nEvery component whose folder holds a config.json or weights is loaded,"
+            " whatever its name;\nschedulers, tokenizers and processors are listed as not"
+            " loaded, and the pipeline's own settings\nin model_index.json are listed too."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,

@@ -49,6 +49,7 @@ __all__ = [
     "TensorReader",
     "current_progress",
     "hidden_files",
+    "is_model_folder",
     "open_checkpoint",
     "read_header",
     "reading_progress",
@@ -187,6 +188,20 @@ def hidden_files(folder: Path) -> tuple[Path, ...]:
             for p in folder.iterdir()
             if _hidden(p) and p.name.endswith((".safetensors", INDEX_SUFFIX))
         )
+    )
+
+
+def is_model_folder(folder: Path) -> bool:
+    """Whether `folder` holds a model: a `config.json` or weight files (safetensors shards, an
+    index, or pickled checkpoints), dotfiles aside. This is what tells a weight-bearing
+    component from a scheduler, a tokenizer or a processor (which save their own
+    `*_config.json` and vocabulary files), whatever the component is named."""
+    if not folder.is_dir():
+        return False
+    weights = (".safetensors", INDEX_SUFFIX, *PICKLE_SUFFIXES)
+    return any(
+        not _hidden(p) and (p.name == "config.json" or p.name.endswith(weights))
+        for p in folder.iterdir()
     )
 
 

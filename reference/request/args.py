@@ -337,7 +337,8 @@ class ServerArgs:
     def precision_for(self, name: str) -> torch.dtype:
         """PREC-1: the dtype component `name` is built in: its own entry of
         `component_precisions`, else `dit_precision` for a DiT component, else `vae_precision`
-        (the VAEs and the vocoder)."""
+        (the VAEs and the vocoder). Encoders and components of no named kind default to their
+        checkpoint's dtype instead: `encoder_precision`, `module_precision`."""
         key = normalise_component(name)
         if key in self.component_precisions:
             return self.component_precisions[key]
@@ -361,6 +362,12 @@ class ServerArgs:
                 values[0] if len(values) == 1 else values[min(encoder_index(key), len(values) - 1)]
             )
         return stored
+
+    def module_precision(self, name: str, *, stored: torch.dtype) -> torch.dtype:
+        """The dtype a component of no named kind (LTX-2's `connectors`, a UNet) is built in:
+        its own entry of `component_precisions`, else `stored`, the dtype its checkpoint
+        stores (a default load converts nothing, as for an encoder: TE-3)."""
+        return self.component_precisions.get(normalise_component(name), stored)
 
     def is_layerwise_offloaded(self, name: str) -> bool:
         """Whether component `name` streams its layers from CPU (DiT components only)."""

@@ -1,4 +1,4 @@
-"""Real diffusers vocoders (`fakes.diffusers_vocoders`), saved by diffusers' own
+"""Real diffusers vocoders (`fakes.diffusers_components`), saved by diffusers' own
 `save_pretrained` and named in model_index.json as real pipelines name them: the vocoder loader
 builds diffusers' own class, alone and in a whole pipeline, and the module holds what diffusers'
 `from_pretrained` gives (every state entry bit for bit, the same waveform); a name that is not
@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from fakes.diffusers_vocoders import VOCODERS, DiffusersVocoder
+from fakes.diffusers_components import VOCODERS, DiffusersModel
 from reference.errors import CheckpointError
 from reference.load.loaders import VocoderLoader
 from reference.load.pipeline import load_pipeline
@@ -46,7 +46,7 @@ def diffusers_installed() -> None:
     pytest.importorskip("diffusers", reason="needs the [diffusers] extra")
 
 
-def _model_class(vocoder: DiffusersVocoder) -> type[nn.Module]:
+def _model_class(vocoder: DiffusersModel) -> type[nn.Module]:
     try:
         cls: type[nn.Module] = vocoder.model_class()
     except (AttributeError, ImportError):
@@ -63,7 +63,7 @@ def _loaded(root: Path, way: str) -> nn.Module:
 @pytest.mark.parametrize("way", ["alone", "whole"])
 @pytest.mark.parametrize("vocoder", VOCODERS, ids=lambda v: f"{v.library}-{v.class_name}")
 def test_a_diffusers_vocoder_loads_as_from_pretrained_gives_it(
-    tmp_path: Path, vocoder: DiffusersVocoder, way: str
+    tmp_path: Path, vocoder: DiffusersModel, way: str
 ) -> None:
     cls = _model_class(vocoder)
     root = vocoder.write(tmp_path)

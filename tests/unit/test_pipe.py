@@ -25,7 +25,14 @@ from torch import nn
 
 from fakes import pipeline_loads
 from fakes.diffusers_pipelines import HUB_PIPELINES, write_hub_pipeline
-from fakes.pipeline_loads import FailingVAE, InterruptedVAE, alive, built, write_big_pipeline
+from fakes.pipeline_loads import (
+    FailingVAE,
+    InterruptedVAE,
+    alive,
+    built,
+    write_big_pipeline,
+    write_with_connectors,
+)
 from fakes.platform import FakePlatform
 from reference.extras import install_hint
 from reference.kit.isolated import Attempt
@@ -149,6 +156,46 @@ def test_a_component_the_loader_cannot_build_is_refused_before_any_read(
     (root / "model_index.json").write_text(json.dumps(index))
     raised = _refused_reading_nothing(root, lambda: load_whole(loader, root))
     assert_identifies(raised, "vae", "NoSuchVAEModel")
+
+
+@pytest.mark.rule("PIPE-1")
+def test_a_weight_bearing_component_of_no_named_kind_is_loaded_or_refused(
+    loader: SeamLoader, tmp_path: Path, runtime_device: torch.device
+) -> None:
+    """The pipeline also declares `connectors`, a model of its own library with a config.json
+    and weights, of none of the kinds PIPE-1 names (as LTX-2 declares its text connectors).
+    Either branch conforms: it comes back holding its checkpoint's values, or the load is
+    refused naming it before any tensor data is read. Returned without it, listed as not
+    loaded or not, the pipeline is short of weights it needs."""
+    from safetensors.torch import load_file
+
+    root = write_with_connectors(tmp_path / "p")
+    request = PipelineRequest(
+        root,
+        args=loader.make_server_args(ServingOptions(runtime_device=runtime_device)),
+        platform=FakePlatform(cuda=False),
+        models=pipeline_loads.tracked_classes(),
+    )
+    try:
+        loaded = loader.load_pipeline(request)
+    except (ValueError, MemoryError, RuntimeError):
+        raised = _refused_reading_nothing(root, lambda: loader.load_pipeline(request))
+        assert_identifies(raised, "connectors")
+        return
+    assert "connectors" in loaded.components, (
+        f"returned {sorted(loaded.components)} without the weight-bearing component"
+        f" 'connectors' (not loaded: {dict(loaded.not_loaded)})"
+    )
+    state = loaded.components["connectors"].state_dict()
+    stored = {
+        name: tensor
+        for file in sorted((root / "connectors").glob("*.safetensors"))
+        for name, tensor in load_file(str(file)).items()
+    }
+    assert set(state) == set(stored)
+    for name, tensor in stored.items():
+        assert state[name].dtype.is_floating_point, name
+        assert torch.equal(state[name].cpu(), tensor.to(state[name].dtype)), name
 
 
 # --- PIPE-2: every refusal first, one memory preflight per device -------------------------------

@@ -268,7 +268,7 @@ class ReferenceAdapter(ReferencePlans):
         registry = pipeline_mod.ModelRegistry()
         for class_name, cls in (request.models or {}).items():
             registry.register(cls, name=class_name)
-        loader = load.loader_for(request.component, registry=registry, platform=request.platform)
+        loader = load.loader_for(spec, registry=registry, platform=request.platform)
         module: torch.nn.Module = loader.load(spec, args).module
         return module
 

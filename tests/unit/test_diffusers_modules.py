@@ -1,0 +1,210 @@
+"""Components of no named kind (`fakes.diffusers_components.MODULES`: LTX-2's text connectors, a
+UNet), saved by diffusers' own `save_pretrained` and named in model_index.json as real pipelines
+name them: the module loader builds diffusers' own class, alone and in a whole pipeline, and the
+module holds what diffusers' `from_pretrained` gives in the same dtype (every state entry bit for
+bit, the same output within tolerance). Which components it covers is decided by what their
+folders hold, not by their names.
+
+Needs the diffusers extra; without it these tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read once when huggingface_hub is imported
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from fakes.diffusers_components import LTX2_CONNECTORS, MODULES, DiffusersModel
+from reference.errors import CheckpointError, ComponentCheckpointUnsupportedError
+from reference.load.loaders import EncoderLoader, ModuleLoader, loader_kind
+from reference.load.pipeline import load_pipeline, not_loaded
+from reference.request.args import ServerArgs
+from reference.request.model_index import read_pipeline
+
+pytestmark = pytest.mark.internal
+
+CPU = torch.device("cpu")
+ARGS = ServerArgs(runtime_device=CPU)
+
+
+@pytest.fixture(autouse=True)
+def diffusers_installed() -> None:
+    pytest.importorskip("diffusers", reason="needs the [diffusers] extra")
+
+
+def _model_class(model: DiffusersModel) -> type[nn.Module]:
+    try:
+        cls: type[nn.Module] = model.model_class()
+    except (AttributeError, ImportError):
+        pytest.skip(f"this diffusers has no {model.class_name}")
+    return cls
+
+
+def _written(model: DiffusersModel, root: Path, dtype: torch.dtype) -> Path:
+    """`model` written at `root`, its floating tensors stored in `dtype`."""
+    _model_class(model)
+    if dtype == torch.float32:
+        return model.write(root)
+    built: nn.Module = model.build().to(dtype)
+    built.save_pretrained(str(root / model.component))  # type: ignore[operator]
+    (root / "model_index.json").write_text(
+        json.dumps({"_class_name": "P", model.component: [model.library, model.class_name]})
+    )
+    return root
+
+
+def _loaded(root: Path, name: str, way: str, args: ServerArgs = ARGS) -> nn.Module:
+    if way == "alone":
+        return ModuleLoader().load(read_pipeline(root).component(name), args).module
+    return {item.name: item.module for item in load_pipeline(root, args)}[name]
+
+
+def _assert_same(module: nn.Module, expected: nn.Module) -> None:
+    assert type(module) is type(expected)
+    assert not module.training
+    state, wanted = module.state_dict(), expected.state_dict()
+    assert set(state) == set(wanted)
+    for name, tensor in wanted.items():
+        assert state[name].dtype == tensor.dtype, name
+        assert torch.equal(state[name], tensor), name
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch.")
+)
+@pytest.mark.parametrize("model", MODULES, ids=lambda m: f"{m.library}-{m.class_name}")
+def test_a_diffusers_component_of_no_named_kind_loads_as_from_pretrained_gives_it(
+    tmp_path: Path, model: DiffusersModel, dtype: torch.dtype, way: str
+) -> None:
+    """Stored in fp32 or bf16, it loads in the dtype its checkpoint stores (a default load
+    converts nothing), as `from_pretrained(torch_dtype=<that dtype>)` gives it."""
+    root = _written(model, tmp_path, dtype)
+    folder = str(root / model.component)
+    expected = _model_class(model).from_pretrained(folder, torch_dtype=dtype).eval()  # type: ignore[attr-defined]
+    module = _loaded(root, model.component, way)
+    _assert_same(module, expected)
+    # Within tolerance, not bit for bit: the CPU's convolutions round by where their weights lie
+    # (a deep copy of `expected` differs from it by ~1e-6); the state above is bit for bit.
+    torch.testing.assert_close(model.output(module), model.output(expected))
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+def test_its_precision_is_the_component_precisions_entry_when_one_is_given(
+    tmp_path: Path, way: str
+) -> None:
+    model = LTX2_CONNECTORS
+    root = _written(model, tmp_path, torch.float32)
+    args = ServerArgs(runtime_device=CPU, component_precisions={"connectors": torch.bfloat16})
+    folder = str(root / model.component)
+    expected = _model_class(model).from_pretrained(folder, torch_dtype=torch.bfloat16).eval()  # type: ignore[attr-defined]
+    _assert_same(_loaded(root, "connectors", way, args), expected)
+
+
+def test_which_components_it_covers_is_decided_by_what_their_folders_hold(
+    tmp_path: Path,
+) -> None:
+    """A folder with a model (config.json, weights) is loaded, whatever its name; a tokenizer's
+    vocabulary, a scheduler with no folder, and an empty folder are listed as not loaded; a
+    model of the transformers library goes to the encoder loader."""
+    root = _written(LTX2_CONNECTORS, tmp_path, torch.float32)
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer_config.json").write_text("{}")
+    (root / "tokenizer" / "tokenizer.json").write_text("{}")
+    (root / "empty").mkdir()
+    (root / "language_model").mkdir()
+    (root / "language_model" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(root / "language_model" / "model.safetensors"))
+    index = json.loads((root / "model_index.json").read_text())
+    index |= {
+        "tokenizer": ["transformers", "GemmaTokenizerFast"],
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "empty": ["diffusers", "Nothing"],
+        "language_model": ["transformers", "GPT2Model"],
+    }
+    (root / "model_index.json").write_text(json.dumps(index))
+    pipeline = read_pipeline(root)
+    kinds = {n: loader_kind(pipeline.component(n)) for n in ("connectors", "language_model")}
+    assert kinds == {"connectors": "module", "language_model": "encoder"}
+    assert {name for name, _ in not_loaded(pipeline)} == {"tokenizer", "scheduler", "empty"}
+
+
+@pytest.mark.parametrize(
+    ("library", "class_name"),
+    [
+        ("ltx2", "LTX2Pipeline"),  # a pipeline, not a model class
+        ("ltx2", "os.path"),
+        ("diffusers", "ModelMixin"),  # diffusers' base, no model
+        ("diffusers", "FlowMatchEulerDiscreteScheduler"),  # not a model class
+        ("mylib", "LTX2TextConnectors"),  # another library's class, not registered
+    ],
+)
+def test_a_class_it_cannot_build_refuses_the_pipeline_before_reading(
+    tmp_path: Path, library: str, class_name: str
+) -> None:
+    """PIPE-1: a weight-bearing component is loaded or the load is refused naming it, never
+    left out; here refused at admission, before any tensor is read."""
+    root = _written(LTX2_CONNECTORS, tmp_path, torch.float32)
+    index = json.loads((root / "model_index.json").read_text())
+    index["connectors"] = [library, class_name]
+    (root / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"connectors.*" + class_name.replace(".", r"\.")):
+        load_pipeline(root, ARGS)
+
+
+def test_a_direct_request_for_it_is_refused_by_its_loader(tmp_path: Path) -> None:
+    """ADM-3: the module loader declares no direct-GPU support."""
+    root = _written(LTX2_CONNECTORS, tmp_path, torch.float32)
+    args = ServerArgs(runtime_device=CPU, component_direct_gpu_weight_loading={"connectors": True})
+    with pytest.raises(ComponentCheckpointUnsupportedError, match="connectors"):
+        ModuleLoader().admit(read_pipeline(root).component("connectors"), args)
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+def test_a_transformers_model_of_no_encoder_name_loads_as_from_pretrained_gives_it(
+    tmp_path: Path, way: str
+) -> None:
+    """AudioLDM 2 declares `language_model` (`GPT2Model`) and a `vocoder` (`SpeechT5HifiGan`)
+    of the transformers library: both load through the encoder loader, the language model in
+    the dtype its checkpoint stores (bf16 here), the vocoder in the vocoder's precision
+    (`--vae-precision`, fp32 by default)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    models: dict[str, nn.Module] = {
+        "language_model": transformers.GPT2Model(
+            transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16)
+        ),
+        "vocoder": transformers.SpeechT5HifiGan(
+            transformers.SpeechT5HifiGanConfig(
+                model_in_dim=8,
+                upsample_initial_channel=16,
+                upsample_rates=[2, 2],
+                upsample_kernel_sizes=[4, 4],
+                resblock_kernel_sizes=[3],
+                resblock_dilation_sizes=[[1, 3]],
+            )
+        ),
+    }
+    index: dict[str, object] = {"_class_name": "AudioLDM2Pipeline"}
+    for name, model in models.items():
+        model.to(torch.bfloat16).save_pretrained(str(tmp_path / name))  # type: ignore[operator]
+        index[name] = ["transformers", type(model).__name__]
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    pipeline = read_pipeline(tmp_path)
+    loaded = (
+        {n: EncoderLoader().load(pipeline.component(n), ARGS).module for n in models}
+        if way == "alone"
+        else {item.name: item.module for item in load_pipeline(tmp_path, ARGS)}
+    )
+    for name, dtype in (("language_model", torch.bfloat16), ("vocoder", torch.float32)):
+        cls = type(models[name])
+        expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=dtype).eval()  # type: ignore[attr-defined]
+        _assert_same(loaded[name], expected)
