@@ -178,11 +178,11 @@ UNET = DiffusersModel(
         "block_out_channels": (8, 16),
         "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
         "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
-        "cross_attention_dim": 8,
+        "cross_attention_dim": 32,  # fakes.text_encoders' width
         "norm_num_groups": 4,
         "attention_head_dim": 2,
     },
-    ((1, 4, 8, 8), (1,), (1, 3, 8)),  # latents, the timestep, the text embeddings
+    ((1, 4, 8, 8), (1,), (1, 3, 32)),  # latents, the timestep, the text embeddings
     component="unet",
     integer=(1,),
 )

@@ -171,7 +171,9 @@ def resolve_pipeline_model_class(
         str(component.folder.parent / MODEL_INDEX),
         component.name,
         f"{name!r} is not a {LIBRARY} model class of {package_name}; the {kind} loader builds"
-        f" only the model classes (ModelMixin) a {LIBRARY} package defines",
+        f" only the model classes (ModelMixin) a {LIBRARY} package defines. To load the"
+        f" pipeline without it, mark it absent in {MODEL_INDEX} ([null, null], as diffusers"
+        f" writes a component passed as None), or name the other components to load",
     )
 
 

@@ -208,3 +208,74 @@ def test_a_transformers_model_of_no_encoder_name_loads_as_from_pretrained_gives_
         cls = type(models[name])
         expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=dtype).eval()  # type: ignore[attr-defined]
         _assert_same(loaded[name], expected)
+
+
+def _stable_diffusion(root: Path) -> Path:
+    """A Stable Diffusion pipeline of diffusers' own classes (`UNet2DConditionModel`,
+    `AutoencoderKL`, `CLIPTextModel`, its tokenizer and scheduler), tiny, saved in fp32 by
+    `StableDiffusionPipeline.save_pretrained` without a safety checker (absent entries are
+    written `[null, null]`)."""
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    from fakes import text_encoders
+    from fakes.diffusers_components import UNET
+    from fakes.diffusers_vaes import IMAGE_KL
+
+    _model_class(UNET)
+    torch.manual_seed(0)
+    pipeline = diffusers.StableDiffusionPipeline(
+        vae=IMAGE_KL.build(1),
+        text_encoder=text_encoders.build("CLIPTextModel"),
+        tokenizer=text_encoders.build("CLIPTokenizer"),
+        unet=UNET.build(2),
+        scheduler=diffusers.PNDMScheduler(steps_offset=1),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipeline.save_pretrained(str(root))
+    return root
+
+
+def test_a_stable_diffusion_pipeline_loads_whole_as_from_pretrained_gives_it(
+    tmp_path: Path,
+) -> None:
+    """Its UNet (a component of no named kind) loads beside the VAE and the text encoder, each
+    bit for bit as diffusers' `DiffusionPipeline.from_pretrained` gives it; the tokenizer and
+    the scheduler are listed as not loaded."""
+    diffusers = pytest.importorskip("diffusers")
+    root = _stable_diffusion(tmp_path)
+    loaded = {item.name: item.module for item in load_pipeline(root, ARGS)}
+    assert set(loaded) == {"vae", "text_encoder", "unet"}
+    assert {name for name, _ in not_loaded(read_pipeline(root))} == {"tokenizer", "scheduler"}
+    expected = diffusers.StableDiffusionPipeline.from_pretrained(str(root))
+    for name, module in loaded.items():
+        _assert_same(module, getattr(expected, name).eval())
+
+
+def test_a_safety_checker_it_cannot_build_refuses_the_pipeline_saying_how_to_leave_it_out(
+    tmp_path: Path,
+) -> None:
+    """Stable Diffusion 1.x ships `safety_checker` (`["stable_diffusion",
+    "StableDiffusionSafetyChecker"]`, a transformers model defined in a diffusers pipeline
+    package, which no loader builds): the load is refused naming it (PIPE-1), and with the
+    entry marked absent as diffusers marks it, the pipeline loads."""
+    transformers = pytest.importorskip("transformers")
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+
+    root = _stable_diffusion(tmp_path)
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    config = transformers.CLIPConfig(
+        text_config={**small, "num_attention_heads": 4},
+        vision_config={**small, "num_attention_heads": 4, "image_size": 8, "patch_size": 4},
+        projection_dim=32,
+    )
+    StableDiffusionSafetyChecker(config).save_pretrained(str(root / "safety_checker"))
+    index = json.loads((root / "model_index.json").read_text())
+    index["safety_checker"] = ["stable_diffusion", "StableDiffusionSafetyChecker"]
+    (root / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"safety_checker.*\[null, null\]"):
+        load_pipeline(root, ARGS)
+    index["safety_checker"] = [None, None]
+    (root / "model_index.json").write_text(json.dumps(index))
+    assert {item.name for item in load_pipeline(root, ARGS)} == {"vae", "text_encoder", "unet"}
