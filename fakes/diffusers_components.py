@@ -34,6 +34,7 @@ __all__ = [
     "UNET",
     "VOCODERS",
     "DiffusersModel",
+    "ltx2_pipeline",
 ]
 
 
@@ -187,3 +188,100 @@ UNET = DiffusersModel(
     integer=(1,),
 )
 MODULES = (LTX2_CONNECTORS, UNET)
+
+
+def ltx2_pipeline(seed: int = 0) -> Any:
+    """A whole `LTX2Pipeline` of diffusers' and transformers' own classes, tiny: its DiT, video
+    and audio VAEs, Gemma 3 text encoder (`fakes.text_encoders`) and tokenizer, text
+    connectors, vocoder and scheduler; `save_pretrained` writes it as LTX-2's folder is
+    written (its absent optional components as `[null, null]`). Each model seeded from `seed`."""
+    from fakes import text_encoders
+
+    diffusers = importlib.import_module("diffusers")
+    ltx2 = importlib.import_module("diffusers.pipelines.ltx2")
+    torch.manual_seed(seed)
+    text_encoder = text_encoders.build("Gemma3ForConditionalGeneration")
+    width = text_encoders.WIDTH
+    transformer = diffusers.LTX2VideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        audio_in_channels=4,
+        audio_out_channels=4,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=4,
+        audio_cross_attention_dim=8,
+        num_layers=2,
+        qk_norm="rms_norm_across_heads",
+        caption_channels=width,
+        rope_double_precision=False,
+        rope_type="split",
+    )
+    connectors = ltx2.LTX2TextConnectors(
+        caption_channels=width,
+        text_proj_in_factor=2,  # the text encoder's layers + 1
+        video_connector_num_attention_heads=4,
+        video_connector_attention_head_dim=8,
+        video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32,
+        rope_double_precision=False,
+        rope_type="split",
+    )
+    vae = diffusers.AutoencoderKLLTX2Video(
+        latent_channels=4,
+        block_out_channels=(8,),
+        decoder_block_out_channels=(8,),
+        layers_per_block=(1,),
+        decoder_layers_per_block=(1, 1),
+        spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,),
+        decoder_inject_noise=(False, False),
+        downsample_type=("spatial",),
+        upsample_residual=(False,),
+        upsample_factor=(1,),
+        timestep_conditioning=False,
+        patch_size=1,
+        patch_size_t=1,
+    )
+    audio_vae = diffusers.AutoencoderKLLTX2Audio(
+        base_channels=4,
+        output_channels=2,
+        ch_mult=(1,),
+        num_res_blocks=1,
+        attn_resolutions=None,
+        in_channels=2,
+        resolution=32,
+        latent_channels=2,
+        mid_block_add_attention=False,
+        mel_bins=8,
+    )
+    vocoder = ltx2.LTX2Vocoder(
+        in_channels=16,  # the audio VAE's output channels x mel bins
+        hidden_channels=32,
+        out_channels=2,
+        upsample_kernel_sizes=[4, 4],
+        upsample_factors=[2, 2],
+        resnet_kernel_sizes=[3],
+        resnet_dilations=[[1, 3, 5]],
+    )
+    for model in (transformer, connectors, vae, audio_vae, vocoder):
+        model.load_state_dict(randomized_state(model, seed))
+    return diffusers.LTX2Pipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        audio_vae=audio_vae,
+        text_encoder=text_encoder,
+        tokenizer=text_encoders.build("GemmaTokenizer"),
+        connectors=connectors,
+        transformer=transformer,
+        vocoder=vocoder,
+    )

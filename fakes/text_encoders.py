@@ -135,6 +135,67 @@ def _gemma2() -> Any:
     return t.Gemma2Model(config)
 
 
+def _gemma3() -> Any:
+    """LTX-2's text encoder class: Gemma 3 with its vision tower. transformers 5 saves it under
+    its former layout (`language_model.model.*`) and renames on load."""
+    t = _transformers()
+    config = t.Gemma3Config(
+        text_config={
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": WIDTH,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+        },
+        vision_config={
+            "hidden_size": WIDTH,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "image_size": 8,
+            "patch_size": 4,
+        },
+        mm_tokens_per_image=4,
+    )
+    return t.Gemma3ForConditionalGeneration(config)
+
+
+def _qwen2_5_vl() -> Any:
+    """Qwen-Image's text encoder class: Qwen2.5-VL with its vision tower, also saved under its
+    former layout (`model.*` for the language model's `model.language_model.*`)."""
+    t = _transformers()
+    config = t.Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": WIDTH,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": WIDTH,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "out_hidden_size": WIDTH,
+            "patch_size": 2,
+            "spatial_merge_size": 1,
+            "temporal_patch_size": 1,
+            "fullatt_block_indexes": [0],
+            "window_size": 4,
+        },
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    return t.Qwen2_5_VLForConditionalGeneration(config)
+
+
 def _bert() -> Any:
     t = _transformers()
     config = t.BertConfig(
@@ -154,6 +215,8 @@ BUILDERS: Mapping[str, Callable[[], Any]] = {
     "CLIPTextModelWithProjection": lambda: _clip("CLIPTextModelWithProjection"),
     "Gemma2Model": _gemma2,
     "BertModel": _bert,
+    "Gemma3ForConditionalGeneration": _gemma3,
+    "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
     "CLIPVisionModelWithProjection": _clip_vision,
     "T5Tokenizer": lambda: word_tokenizer("T5Tokenizer"),
     "GemmaTokenizer": lambda: word_tokenizer("GemmaTokenizer"),

@@ -97,6 +97,7 @@ from fakes.broken.text_encoders import (
     HandsUnknownClassesToAutoModel,
     InitialisesTheEncoderBuild,
     LoadsEncodersAtTheDitPrecision,
+    ReadsNamesAsWritten,
     UntiesTheEmbeddings,
 )
 from fakes.broken.vae import (
@@ -210,6 +211,7 @@ BROKEN: tuple[type[BrokenAdapter], ...] = (
     UntiesTheEmbeddings,
     LoadsEncodersAtTheDitPrecision,
     HandsUnknownClassesToAutoModel,
+    ReadsNamesAsWritten,
     # arguments and admission
     LenientDitFlag,
     CaseSensitiveComponentValues,

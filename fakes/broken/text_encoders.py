@@ -14,6 +14,7 @@ from fakes.broken.base import BrokenAdapter
 from reference.errors import ComponentCheckpointUnsupportedError
 from reference.kit.seam import EncoderRequest
 from reference.load.encoder import EncoderOptions, EncoderSteps
+from reference.read.checkpoint import Checkpoint
 from reference.request.args import normalise_component, own_server_args
 from reference.request.model_index import read_pipeline
 
@@ -21,6 +22,7 @@ __all__ = [
     "HandsUnknownClassesToAutoModel",
     "InitialisesTheEncoderBuild",
     "LoadsEncodersAtTheDitPrecision",
+    "ReadsNamesAsWritten",
     "UntiesTheEmbeddings",
 ]
 
@@ -43,6 +45,24 @@ class UntiesTheEmbeddings(BrokenAdapter):
             if tied is not None:
                 owner._parameters[attr] = nn.Parameter(tied.detach().clone(), tied.requires_grad)
         return module
+
+
+def _names_as_written(checkpoint: Checkpoint, names: object, **_: object) -> Checkpoint:
+    """The checkpoint's names as its files write them, whatever the library renames."""
+    return checkpoint
+
+
+class ReadsNamesAsWritten(BrokenAdapter):
+    """Matches the checkpoint's names to the slots as the files write them, without the
+    renames transformers applies on load: Gemma 3 and Qwen2.5-VL, which transformers 5 saves
+    under a former layout (`language_model.model.*`), are refused as a checkpoint that does not
+    fit their class (TE-1)."""
+
+    name = "broken-reads-names-as-written"
+    breaks = frozenset({"TE-1"})
+
+    def encoder_options(self) -> EncoderOptions:
+        return EncoderOptions(steps=EncoderSteps(rename=_names_as_written))
 
 
 def _built_for_real(build: Callable[[], nn.Module], **_: object) -> nn.Module:

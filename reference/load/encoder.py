@@ -34,7 +34,7 @@ from reference.place.cast import cast_slots
 from reference.place.diffusers_models import PLAIN_TORCH_KINDS
 from reference.place.host_memory import construction_guard
 from reference.place.modules import Slots, in_eval_mode, refuse_unrebuildable_buffers
-from reference.place.ties import Twins, check_twins, tie_slots, tied_names
+from reference.place.ties import Twins, check_twins, renamed, tie_slots, tied_names
 from reference.read.checkpoint import Checkpoint, open_checkpoint, skipped_notes
 from reference.report.steps import StepClock
 from reference.report.summary import LoadReport
@@ -63,12 +63,16 @@ class EncoderModel:
         keeps_fp32: which state keys stay fp32 under a precision (PREC-2).
         mark: called on each slot the build sends to meta (the library's flag that it needs no
             initialisation), or None.
+        renames: the checkpoint names the library loads under another name, given the built
+            module, the checkpoint's names and `component=` (checkpoint name -> slot name:
+            transformers' conversion mapping), or None.
     """
 
     build: Callable[[], nn.Module]
     ties: Callable[[nn.Module], Mapping[str, str]]
     keeps_fp32: Callable[[nn.Module, torch.dtype], Callable[[str], bool]]
     mark: Callable[[nn.Module, torch.Tensor], None] | None = None
+    renames: Callable[..., Mapping[str, str]] | None = None
 
 
 def build_encoder(
@@ -101,12 +105,15 @@ class BuiltEncoder:
         opened: the checkpoint as the module's slots name it (`reference.place.ties.tied_names`).
         twins: the tied names the checkpoint holds twice, whose values `check_twins` compares.
         slots: the module's slots (`find_slots`), found once for every step after the build.
+        named: the checkpoint with the names the library renames renamed, its ties not yet
+            folded (what `check_twins` reads).
     """
 
     module: nn.Module
     opened: Checkpoint
     twins: tuple[Twins, ...]
     slots: Slots
+    named: Checkpoint
 
 
 def build_tied_encoder(
@@ -118,30 +125,36 @@ def build_tied_encoder(
     steps: EncoderSteps,
 ) -> BuiltEncoder:
     """The encoder built on meta (`steps.build`), its declared ties made (TE-2), its slots given
-    `dtype` (TE-3, fp32-kept modules aside), and the checkpoint's names checked against its
-    slots from the headers (CKPT-3). Reads no tensor data.
+    `dtype` (TE-3, fp32-kept modules aside), the checkpoint's names as the library loads them
+    (`model.renames`), and those names checked against its slots from the headers (CKPT-3).
+    Reads no tensor data.
 
     Raises:
         StateMismatchError: names that disagree, or a declared tie the module cannot hold.
+        ComponentCheckpointUnsupportedError: a layout the library converts on load.
         HostMemoryError, StateDictABIError: from the build.
     """
     module = steps.build(model.build, component=component, checkpoint=written, mark=model.mark)
     steps.tie(module, model.ties(module), component=component)
     slots = cast_slots(module, dtype, keeps_fp32_key=model.keeps_fp32(module, dtype))
-    opened, twins = tied_names(written, slots)
-    names = set(opened.tensors)
-    steps.dit.check_names(module, names, component=component, files=opened.files, slots=slots)
-    return BuiltEncoder(module, opened, twins, slots)
+    names = model.renames(module, written.tensors, component=component) if model.renames else {}
+    named = steps.rename(written, names, component=component)
+    opened, twins = tied_names(named, slots)
+    steps.dit.check_names(
+        module, set(opened.tensors), component=component, files=opened.files, slots=slots
+    )
+    return BuiltEncoder(module, opened, twins, slots, named)
 
 
 @dataclass(frozen=True)
 class EncoderSteps:
     """The steps of `load_encoder` a caller may replace, each with the reference's default:
-    the meta build (`build_encoder`'s signature), the tie step (`tie_slots`'), and the DiT's
-    steps for the tensors."""
+    the meta build (`build_encoder`'s signature), the tie step (`tie_slots`'), the checkpoint's
+    names as the library renames them (`renamed`'s), and the DiT's steps for the tensors."""
 
     build: Callable[..., nn.Module] = build_encoder
     tie: Callable[..., None] = tie_slots
+    rename: Callable[..., Checkpoint] = renamed
     dit: DiTSteps = REFERENCE_DIT_STEPS
 
 
@@ -203,7 +216,7 @@ def load_encoder(
         )
     with clock.step("build"):
         built = build_tied_encoder(model, written, dtype=dtype, component=component, steps=steps)
-        check_twins(written, built.twins, component=component)
+        check_twins(built.named, built.twins, component=component)
     module = built.module
     records = place_tensors(
         module,

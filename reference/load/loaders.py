@@ -799,6 +799,7 @@ class EncoderLoader(ComponentLoader):
             transformers_models.declared_ties,
             transformers_models.fp32_keeper,
             transformers_models.needs_no_initialisation,
+            transformers_models.checkpoint_renames,
         )
 
     def admit_model(self, component: ComponentSpec, args: ServerArgs) -> None:

@@ -19,9 +19,9 @@ from torch import nn
 
 from reference.errors import StateMismatchError, shown
 from reference.place.modules import Slots
-from reference.read.checkpoint import Checkpoint, TensorReader
+from reference.read.checkpoint import Checkpoint, TensorInfo, TensorReader
 
-__all__ = ["Twins", "check_twins", "tie_slots", "tied_names"]
+__all__ = ["Twins", "check_twins", "renamed", "tie_slots", "tied_names"]
 
 
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -63,6 +63,28 @@ class Twins:
 
     kept: str
     other: str
+
+
+def renamed(checkpoint: Checkpoint, names: Mapping[str, str], *, component: str) -> Checkpoint:
+    """The checkpoint with its tensors named as `names` says (checkpoint name -> slot name;
+    others keep theirs), from the headers alone: each tensor still reads from where its file
+    holds it.
+
+    Raises:
+        StateMismatchError: two tensors that would take one name, naming both.
+    """
+    if not names:
+        return checkpoint
+    tensors: dict[str, TensorInfo] = {}
+    for name, info in checkpoint.tensors.items():
+        new = names.get(name, name)
+        if new in tensors:
+            raise StateMismatchError(
+                f"{component}: the checkpoint holds both {tensors[new].name!r} and {name!r},"
+                f" which the model's class loads into one slot {new!r}; keep one of them"
+            )
+        tensors[new] = info if new == name else replace(info, name=new)
+    return replace(checkpoint, tensors=tensors)
 
 
 def tied_names(checkpoint: Checkpoint, slots: Slots) -> tuple[Checkpoint, tuple[Twins, ...]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "AUTO_MAP",
     "EXTRA",
     "LIBRARY",
+    "checkpoint_renames",
     "declared_ties",
     "encoder_builder",
     "fp32_keeper",
@@ -146,6 +147,54 @@ def declared_ties(module: nn.Module) -> dict[str, str]:
     else:
         ties = getattr(module, "all_tied_weights_keys", None) or {}
     return {str(target): str(source) for target, source in dict(ties).items()}
+
+
+def checkpoint_renames(
+    module: nn.Module, names: Iterable[str], *, component: str
+) -> dict[str, str]:
+    """The checkpoint names transformers renames for `module`'s class when it loads it, as
+    `from_pretrained` renames them: checkpoint name -> slot name, for each of `names` it
+    changes. transformers 5 saves some classes under their former layout and maps it back on
+    load (its own `conversion_mapping`: Gemma 3's `language_model.model.*` ->
+    `model.language_model.*`), and adds or strips the class's `base_model_prefix`. Asked of
+    transformers' own tables (a library's rules, not a copy of them); a transformers without
+    them (4.x) renames nothing here.
+
+    Raises:
+        ComponentCheckpointUnsupportedError: a name transformers would not only rename but
+            convert (merge, split, transpose: its `WeightConverter`s), which the encoder loader
+            does not implement; before any tensor is read.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (
+            WeightConverter,
+            WeightRenaming,
+            rename_source_key,
+        )
+    except ImportError:
+        return {}
+    transforms = get_model_conversion_mapping(module)  # type: ignore[arg-type]
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    prefix = getattr(module, "base_model_prefix", None) or None
+    slots = dict.fromkeys(module.state_dict(keep_vars=True), True)
+    renames: dict[str, str] = {}
+    for name in names:
+        renamed, converted = rename_source_key(name, renamings, converters, prefix, slots)
+        if renamed not in slots and name in slots:
+            renamed, converted = rename_source_key(name, [], [], prefix, slots)
+        if converted is not None and renamed in slots:
+            raise ComponentCheckpointUnsupportedError(
+                f"component {component!r} ({LIBRARY}.{type(module).__name__}): its checkpoint"
+                f" tensor {name!r} is stored in a layout transformers converts on load"
+                f" ({converted!r} -> {renamed!r}), which the encoder loader does not"
+                " implement; load this component with transformers' own from_pretrained, or"
+                " use a checkpoint in the layout the class holds"
+            )
+        if renamed != name:
+            renames[name] = renamed
+    return renames
 
 
 def needs_no_initialisation(module: nn.Module, tensor: torch.Tensor) -> None:

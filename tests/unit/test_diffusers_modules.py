@@ -16,6 +16,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read once when huggingface_hub is imported
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -279,3 +280,37 @@ def test_a_safety_checker_it_cannot_build_refuses_the_pipeline_saying_how_to_lea
     index["safety_checker"] = [None, None]
     (root / "model_index.json").write_text(json.dumps(index))
     assert {item.name for item in load_pipeline(root, ARGS)} == {"vae", "text_encoder", "unet"}
+
+
+LTX2_PRECISIONS = {
+    "transformer": torch.bfloat16,  # --dit-precision's default
+    "vae": torch.float32,  # --vae-precision's default, for every VAE and the vocoder
+    "audio_vae": torch.float32,
+    "vocoder": torch.float32,
+    "text_encoder": torch.float32,  # the dtype its checkpoint stores (TE-3)
+    "connectors": torch.float32,  # the same, as a component of no named kind
+}
+
+
+def test_a_whole_ltx2_pipeline_loads_every_component_as_from_pretrained_gives_it(
+    tmp_path: Path,
+) -> None:
+    """`LTX2Pipeline.save_pretrained`'s folder: its DiT, two VAEs, vocoder, Gemma 3 text encoder
+    (saved under transformers' former layout) and text connectors all load, each bit for bit
+    as its class's `from_pretrained` gives it in its default precision; the tokenizer and the
+    scheduler are listed as not loaded."""
+    pytest.importorskip("transformers")
+    from fakes.diffusers_components import ltx2_pipeline
+
+    try:
+        pipeline = ltx2_pipeline()
+    except (AttributeError, ImportError):
+        pytest.skip("this diffusers has no LTX2Pipeline")
+    pipeline.save_pretrained(str(tmp_path))
+    loaded = {item.name: item.module for item in load_pipeline(tmp_path, ARGS)}
+    assert set(loaded) == set(LTX2_PRECISIONS)
+    assert {name for name, _ in not_loaded(read_pipeline(tmp_path))} == {"tokenizer", "scheduler"}
+    for name, module in loaded.items():
+        cls: Any = type(module)
+        expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=LTX2_PRECISIONS[name])
+        _assert_same(module, expected.eval())
