@@ -35,6 +35,7 @@ __all__ = [
     "VOCODERS",
     "DiffusersModel",
     "ltx2_pipeline",
+    "qwen_image_pipeline",
 ]
 
 
@@ -284,4 +285,42 @@ def ltx2_pipeline(seed: int = 0) -> Any:
         connectors=connectors,
         transformer=transformer,
         vocoder=vocoder,
+    )
+
+
+def qwen_image_pipeline(seed: int = 0) -> Any:
+    """A whole `QwenImagePipeline` of diffusers' and transformers' own classes, tiny: its DiT,
+    VAE, Qwen2.5-VL text encoder (`fakes.text_encoders`), tokenizer and scheduler. Each model
+    seeded from `seed`."""
+    from fakes import text_encoders
+
+    diffusers = importlib.import_module("diffusers")
+    torch.manual_seed(seed)
+    transformer = diffusers.QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=text_encoders.WIDTH,
+        axes_dims_rope=(8, 4, 4),
+    )
+    vae = diffusers.AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
+    for model in (transformer, vae):
+        model.load_state_dict(randomized_state(model, seed))
+    return diffusers.QwenImagePipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoders.build("Qwen2_5_VLForConditionalGeneration"),
+        tokenizer=text_encoders.build("Qwen2Tokenizer"),
+        transformer=transformer,
     )

@@ -220,6 +220,7 @@ BUILDERS: Mapping[str, Callable[[], Any]] = {
     "CLIPVisionModelWithProjection": _clip_vision,
     "T5Tokenizer": lambda: word_tokenizer("T5Tokenizer"),
     "GemmaTokenizer": lambda: word_tokenizer("GemmaTokenizer"),
+    "Qwen2Tokenizer": lambda: word_tokenizer("Qwen2Tokenizer"),
     "BertTokenizer": lambda: word_tokenizer("BertTokenizer"),
     "CLIPTokenizer": clip_tokenizer,
 }

@@ -282,35 +282,51 @@ def test_a_safety_checker_it_cannot_build_refuses_the_pipeline_saying_how_to_lea
     assert {item.name for item in load_pipeline(root, ARGS)} == {"vae", "text_encoder", "unet"}
 
 
-LTX2_PRECISIONS = {
-    "transformer": torch.bfloat16,  # --dit-precision's default
-    "vae": torch.float32,  # --vae-precision's default, for every VAE and the vocoder
-    "audio_vae": torch.float32,
-    "vocoder": torch.float32,
-    "text_encoder": torch.float32,  # the dtype its checkpoint stores (TE-3)
-    "connectors": torch.float32,  # the same, as a component of no named kind
+BF16, FP32 = torch.bfloat16, torch.float32
+WHOLE: dict[str, tuple[str, dict[str, torch.dtype]]] = {
+    # Each component's default precision: --dit-precision's (bf16) for the DiT,
+    # --vae-precision's (fp32) for every VAE and the vocoder, the dtype its checkpoint stores
+    # (fp32 here) for a text encoder (TE-3) and a component of no named kind.
+    "ltx2": (
+        "ltx2_pipeline",
+        {
+            "transformer": BF16,
+            "vae": FP32,
+            "audio_vae": FP32,
+            "vocoder": FP32,
+            "text_encoder": FP32,
+            "connectors": FP32,
+        },
+    ),
+    "qwen-image": (
+        "qwen_image_pipeline",
+        {"transformer": BF16, "vae": FP32, "text_encoder": FP32},
+    ),
 }
 
 
-def test_a_whole_ltx2_pipeline_loads_every_component_as_from_pretrained_gives_it(
-    tmp_path: Path,
+@pytest.mark.parametrize("pipeline", sorted(WHOLE))
+def test_a_whole_pipeline_loads_every_component_as_from_pretrained_gives_it(
+    tmp_path: Path, pipeline: str
 ) -> None:
-    """`LTX2Pipeline.save_pretrained`'s folder: its DiT, two VAEs, vocoder, Gemma 3 text encoder
-    (saved under transformers' former layout) and text connectors all load, each bit for bit
-    as its class's `from_pretrained` gives it in its default precision; the tokenizer and the
-    scheduler are listed as not loaded."""
+    """`LTX2Pipeline`'s and `QwenImagePipeline`'s `save_pretrained` folders: every component
+    loads (LTX-2: DiT, video and audio VAEs, vocoder, Gemma 3 text encoder, text connectors;
+    Qwen-Image: DiT, VAE, Qwen2.5-VL text encoder; both text encoders saved under transformers'
+    former layout), each bit for bit as its class's `from_pretrained` gives it in its default
+    precision; the tokenizer and the scheduler are listed as not loaded."""
     pytest.importorskip("transformers")
-    from fakes.diffusers_components import ltx2_pipeline
+    from fakes import diffusers_components
 
+    build, precisions = WHOLE[pipeline]
     try:
-        pipeline = ltx2_pipeline()
+        written = getattr(diffusers_components, build)()
     except (AttributeError, ImportError):
-        pytest.skip("this diffusers has no LTX2Pipeline")
-    pipeline.save_pretrained(str(tmp_path))
+        pytest.skip(f"this diffusers or transformers lacks a class of {build}")
+    written.save_pretrained(str(tmp_path))
     loaded = {item.name: item.module for item in load_pipeline(tmp_path, ARGS)}
-    assert set(loaded) == set(LTX2_PRECISIONS)
+    assert set(loaded) == set(precisions)
     assert {name for name, _ in not_loaded(read_pipeline(tmp_path))} == {"tokenizer", "scheduler"}
     for name, module in loaded.items():
         cls: Any = type(module)
-        expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=LTX2_PRECISIONS[name])
+        expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=precisions[name])
         _assert_same(module, expected.eval())
