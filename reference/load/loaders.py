@@ -88,6 +88,7 @@ __all__ = [
     "LoadRequest",
     "LoadedComponent",
     "ModuleLoader",
+    "OrdinaryLoader",
     "PreparedComponent",
     "TransformerLoader",
     "VAELoader",
@@ -482,14 +483,19 @@ def ordinarily(
     return module, LoadReport(component=spec.name, plan=request.plan, records=tuple(records))
 
 
-class VocoderLoader(ComponentLoader):
-    """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3). A vocoder
-    whose model_index.json entry names diffusers (`["diffusers", "MMAudioVocoder"]`) or one of
-    its pipeline packages (`["ltx2", "LTX2Vocoder"]`) is built from diffusers' own class (see
-    reference.place.diffusers_models); any other from the registry."""
+class OrdinaryLoader(ComponentLoader):
+    """Base of the loaders that load their components only the ordinary way (`ordinarily`:
+    the meta build filled in place) and support no direct-GPU loading (ADM-3). A component
+    whose model_index.json entry names diffusers or one of its pipeline packages is built from
+    diffusers' own class (`diffusers_builder`); any other from the registry."""
 
-    kind = "vocoder"
-    direct_support = VOCODER_DIRECT_SUPPORT
+    @abstractmethod
+    def diffusers_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        """Resolve the diffusers class that `spec` names now; return its `build()`.
+
+        Raises:
+            CheckpointError: not one of the diffusers classes this kind builds.
+        """
 
     def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
         """Resolve the component's model class now; return a `build()` from its config.json.
@@ -499,14 +505,27 @@ class VocoderLoader(ComponentLoader):
                 class, or diffusers not installed).
         """
         if names_diffusers_class(spec.library):
-            return diffusers_models.vocoder_builder(spec)
+            return self.diffusers_builder(spec)
         return self.registered_builder(spec)
 
     def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
         return ordinarily(request, build=self.model_builder(request.component), loader=self)
 
 
-class ModuleLoader(ComponentLoader):
+class VocoderLoader(OrdinaryLoader):
+    """Loads a vocoder the ordinary way. It supports no direct-GPU loading (ADM-3). A vocoder
+    whose model_index.json entry names diffusers (`["diffusers", "MMAudioVocoder"]`) or one of
+    its pipeline packages (`["ltx2", "LTX2Vocoder"]`) is built from diffusers' own class (see
+    reference.place.diffusers_models); any other from the registry."""
+
+    kind = "vocoder"
+    direct_support = VOCODER_DIRECT_SUPPORT
+
+    def diffusers_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        return diffusers_models.vocoder_builder(spec)
+
+
+class ModuleLoader(OrdinaryLoader):
     """Loads a weight-bearing component of no named kind (`loader_kind`: a UNet, a ControlNet,
     LTX-2's `connectors`) the ordinary way. It supports no direct-GPU loading (ADM-3). A
     component whose model_index.json entry names diffusers (`["diffusers",
@@ -519,24 +538,13 @@ class ModuleLoader(ComponentLoader):
     kind = "module"
     direct_support = MODULE_DIRECT_SUPPORT
 
-    def model_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
-        """Resolve the component's model class now; return a `build()` from its config.json.
-
-        Raises:
-            CheckpointError: the class cannot be resolved (unregistered, not a diffusers model
-                class, or diffusers not installed).
-        """
-        if names_diffusers_class(spec.library):
-            return diffusers_models.module_builder(spec)
-        return self.registered_builder(spec)
+    def diffusers_builder(self, spec: ComponentSpec) -> Callable[[], nn.Module]:
+        return diffusers_models.module_builder(spec)
 
     def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
         """Its `--component-precisions.<c>` entry, else the floating dtype its checkpoint
         stores (fp32 for a checkpoint with no floating tensor)."""
         return args.module_precision(component.name, stored=_stored_dtype(component))
-
-    def load_component(self, request: LoadRequest) -> tuple[nn.Module, LoadReport]:
-        return ordinarily(request, build=self.model_builder(request.component), loader=self)
 
 
 def _stored_dtype(component: ComponentSpec) -> torch.dtype:

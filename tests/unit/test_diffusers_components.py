@@ -1,9 +1,12 @@
-"""Components of no named kind (`fakes.diffusers_components.MODULES`: LTX-2's text connectors, a
-UNet), saved by diffusers' own `save_pretrained` and named in model_index.json as real pipelines
-name them: the module loader builds diffusers' own class, alone and in a whole pipeline, and the
-module holds what diffusers' `from_pretrained` gives in the same dtype (every state entry bit for
-bit, the same output within tolerance). Which components it covers is decided by what their
-folders hold, not by their names.
+"""Real diffusers components beside the DiTs, VAEs and encoders (`fakes.diffusers_components`),
+saved by diffusers' own `save_pretrained` and named in model_index.json as real pipelines name
+them: vocoders (`VOCODERS`, the vocoder loader) and components of no named kind (`MODULES`:
+LTX-2's text connectors, a UNet; the module loader). Each loader builds diffusers' own class,
+alone and in a whole pipeline, and the module holds what diffusers' `from_pretrained` gives in
+the same dtype (every state entry bit for bit, the same output: a vocoder's bit for bit, a
+module's within tolerance); a name that is not one of diffusers' model classes is refused before
+anything is read. Which components the module loader covers is decided by what their folders
+hold, not by their names; whole LTX-2, Qwen-Image and Stable Diffusion pipelines load.
 
 Needs the diffusers extra; without it these tests skip.
 """
@@ -23,14 +26,28 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from fakes.diffusers_components import LTX2_CONNECTORS, MODULES, DiffusersModel
+from fakes.diffusers_components import LTX2_CONNECTORS, MODULES, VOCODERS, DiffusersModel
 from reference.errors import CheckpointError, ComponentCheckpointUnsupportedError
-from reference.load.loaders import EncoderLoader, ModuleLoader, loader_kind
+from reference.load.loaders import (
+    ComponentLoader,
+    EncoderLoader,
+    ModuleLoader,
+    VocoderLoader,
+    loader_kind,
+)
 from reference.load.pipeline import load_pipeline, not_loaded
 from reference.request.args import ServerArgs
-from reference.request.model_index import read_pipeline
+from reference.request.model_index import (
+    diffusers_pipeline_package,
+    names_diffusers_class,
+    read_pipeline,
+)
 
-pytestmark = pytest.mark.internal
+pytestmark = [
+    pytest.mark.internal,
+    # Two vocoder classes build with torch's older weight_norm, which warns that it is.
+    pytest.mark.filterwarnings("ignore:.*torch.nn.utils.weight_norm:FutureWarning"),
+]
 
 CPU = torch.device("cpu")
 ARGS = ServerArgs(runtime_device=CPU)
@@ -62,9 +79,15 @@ def _written(model: DiffusersModel, root: Path, dtype: torch.dtype) -> Path:
     return root
 
 
-def _loaded(root: Path, name: str, way: str, args: ServerArgs = ARGS) -> nn.Module:
+def _loaded(
+    root: Path,
+    name: str,
+    way: str,
+    args: ServerArgs = ARGS,
+    loader: type[ComponentLoader] = ModuleLoader,
+) -> nn.Module:
     if way == "alone":
-        return ModuleLoader().load(read_pipeline(root).component(name), args).module
+        return loader().load(read_pipeline(root).component(name), args).module
     return {item.name: item.module for item in load_pipeline(root, args)}[name]
 
 
@@ -330,3 +353,51 @@ def test_a_whole_pipeline_loads_every_component_as_from_pretrained_gives_it(
         cls: Any = type(module)
         expected = cls.from_pretrained(str(tmp_path / name), torch_dtype=precisions[name])
         _assert_same(module, expected.eval())
+
+
+# --- vocoders -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("way", ["alone", "whole"])
+@pytest.mark.parametrize("vocoder", VOCODERS, ids=lambda v: f"{v.library}-{v.class_name}")
+def test_a_diffusers_vocoder_loads_as_from_pretrained_gives_it(
+    tmp_path: Path, vocoder: DiffusersModel, way: str
+) -> None:
+    cls = _model_class(vocoder)
+    root = vocoder.write(tmp_path)
+    expected: nn.Module = cls.from_pretrained(str(root / "vocoder")).eval()  # type: ignore[attr-defined]
+    module = _loaded(root, "vocoder", way, loader=VocoderLoader)
+    _assert_same(module, expected)
+    assert torch.equal(vocoder.output(module), vocoder.output(expected))
+
+
+@pytest.mark.parametrize(
+    ("library", "class_name"),
+    [
+        ("ltx2", "LTX2Pipeline"),  # a pipeline, not a model class
+        ("ltx2", "AutoencoderKLLTX2Video"),  # a model class the package imports, not defines
+        ("ltx2", "os.path"),
+        ("diffusers", "LTX2Vocoder"),  # not among diffusers' autoencoders
+    ],
+)
+def test_a_name_that_is_no_diffusers_vocoder_class_is_refused_before_reading(
+    tmp_path: Path, library: str, class_name: str
+) -> None:
+    vocoder = VOCODERS[0]
+    _model_class(vocoder)
+    root = vocoder.write(tmp_path)
+    index = json.loads((root / "model_index.json").read_text())
+    index["vocoder"] = [library, class_name]
+    (root / "model_index.json").write_text(json.dumps(index))
+    spec = read_pipeline(root).component("vocoder")
+    with pytest.raises(CheckpointError, match=class_name.replace(".", r"\.")):
+        VocoderLoader().admit(spec, ARGS)
+
+
+def test_a_library_names_a_diffusers_pipeline_package_only_where_diffusers_has_one() -> None:
+    assert diffusers_pipeline_package("ltx2") == "diffusers.pipelines.ltx2"
+    for library in ("diffusers", "fakes", "os", "../ltx2", "ltx2.vocoder", ""):
+        assert diffusers_pipeline_package(library) is None, library
+    assert names_diffusers_class("diffusers")
+    assert names_diffusers_class("ltx2")
+    assert not names_diffusers_class("fakes")
