@@ -135,20 +135,22 @@ def _gemma2() -> Any:
     return t.Gemma2Model(config)
 
 
+_LANGUAGE_MODEL = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": WIDTH,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+}
+"""The language model of the multimodal text encoders below, tiny (its own keys beside)."""
+
+
 def _gemma3() -> Any:
     """LTX-2's text encoder class: Gemma 3 with its vision tower. transformers 5 saves it under
     its former layout (`language_model.model.*`) and renames on load."""
     t = _transformers()
     config = t.Gemma3Config(
-        text_config={
-            "vocab_size": VOCAB_SIZE,
-            "hidden_size": WIDTH,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 1,
-            "head_dim": 8,
-        },
+        text_config={**_LANGUAGE_MODEL, "num_key_value_heads": 1, "head_dim": 8},
         vision_config={
             "hidden_size": WIDTH,
             "intermediate_size": 64,
@@ -168,11 +170,7 @@ def _qwen2_5_vl() -> Any:
     t = _transformers()
     config = t.Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": VOCAB_SIZE,
-            "hidden_size": WIDTH,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
+            **_LANGUAGE_MODEL,
             "num_key_value_heads": 2,
             "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
             "bos_token_id": 0,
