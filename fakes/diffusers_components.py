@@ -194,8 +194,9 @@ MODULES = (LTX2_CONNECTORS, UNET)
 def ltx2_pipeline(seed: int = 0) -> Any:
     """A whole `LTX2Pipeline` of diffusers' and transformers' own classes, tiny: its DiT, video
     and audio VAEs, Gemma 3 text encoder (`fakes.text_encoders`) and tokenizer, text
-    connectors, vocoder and scheduler; `save_pretrained` writes it as LTX-2's folder is
-    written (its absent optional components as `[null, null]`). Each model seeded from `seed`."""
+    connectors, vocoder, duration head (LTX-2.5's) and scheduler; `save_pretrained` writes it
+    as LTX-2's folder is written (its absent optional components as `[null, null]`). Each model
+    seeded from `seed`."""
     from fakes import text_encoders
 
     diffusers = importlib.import_module("diffusers")
@@ -274,9 +275,18 @@ def ltx2_pipeline(seed: int = 0) -> Any:
         resnet_kernel_sizes=[3],
         resnet_dilations=[[1, 3, 5]],
     )
-    for model in (transformer, connectors, vae, audio_vae, vocoder):
+    duration_head = ltx2.LTX2DurationHead(
+        video_cross_attention_dim=32,  # the connectors' width: 4 heads x 8
+        audio_cross_attention_dim=32,
+        pooler_hidden_dim=8,
+        num_queries=1,
+        num_pooler_heads=2,
+        mlp_hidden_dim=8,
+    )
+    for model in (transformer, connectors, vae, audio_vae, vocoder, duration_head):
         model.load_state_dict(randomized_state(model, seed))
     return diffusers.LTX2Pipeline(
+        duration_head=duration_head,
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
         vae=vae,
         audio_vae=audio_vae,

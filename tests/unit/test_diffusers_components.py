@@ -319,6 +319,7 @@ WHOLE: dict[str, tuple[str, dict[str, torch.dtype]]] = {
             "vocoder": FP32,
             "text_encoder": FP32,
             "connectors": FP32,
+            "duration_head": FP32,
         },
     ),
     "qwen-image": (
@@ -333,7 +334,8 @@ def test_a_whole_pipeline_loads_every_component_as_from_pretrained_gives_it(
     tmp_path: Path, pipeline: str
 ) -> None:
     """`LTX2Pipeline`'s and `QwenImagePipeline`'s `save_pretrained` folders: every component
-    loads (LTX-2: DiT, video and audio VAEs, vocoder, Gemma 3 text encoder, text connectors;
+    loads (LTX-2: DiT, video and audio VAEs, vocoder, Gemma 3 text encoder, text connectors,
+    duration head;
     Qwen-Image: DiT, VAE, Qwen2.5-VL text encoder; both text encoders saved under transformers'
     former layout), each bit for bit as its class's `from_pretrained` gives it in its default
     precision; the tokenizer and the scheduler are listed as not loaded."""
