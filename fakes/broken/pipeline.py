@@ -151,8 +151,7 @@ class LoadsOnlyTheKindsItKnowsByName(BrokenAdapter):
     """Loads the components its loaders know by name (DiTs, VAEs, vocoder, encoders) and
     lists every other one as not loaded, as a loader that decides what holds weights by a
     component's name does: LTX-2's `connectors` (a model folder of no named kind) are left
-    out, so the caller holds a pipeline short of weights it needs (PIPE-1). (The reference
-    did this until its module loader.)"""
+    out, so the caller holds a pipeline short of weights it needs (PIPE-1)."""
 
     name = "broken-loads-only-the-kinds-it-knows-by-name"
     breaks = frozenset({"PIPE-1"})
