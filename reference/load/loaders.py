@@ -533,7 +533,7 @@ class ModuleLoader(OrdinaryLoader):
     "LTX2TextConnectors"]`) is built from diffusers' own model class
     (`diffusers_models.module_builder`); any other from the registry, refused at admission
     when it is not registered. Its precision defaults to the dtype its checkpoint stores
-    (`ServerArgs.module_precision`): no flag names it but `--component-precisions.<c>`."""
+    (`ServerArgs.precision_or_stored`): no flag names it but `--component-precisions.<c>`."""
 
     kind = "module"
     direct_support = MODULE_DIRECT_SUPPORT
@@ -544,7 +544,7 @@ class ModuleLoader(OrdinaryLoader):
     def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
         """Its `--component-precisions.<c>` entry, else the floating dtype its checkpoint
         stores (fp32 for a checkpoint with no floating tensor)."""
-        return args.module_precision(component.name, stored=_stored_dtype(component))
+        return args.precision_or_stored(component.name, stored=_stored_dtype(component))
 
 
 def _stored_dtype(component: ComponentSpec) -> torch.dtype:
@@ -772,7 +772,7 @@ class EncoderLoader(ComponentLoader):
     A component whose model_index.json entry names the `transformers` library is built from
     transformers' own class (reference.place.transformers_models), refused at admission when it
     cannot be (TE-4); any other from the registry. Its precision defaults to the dtype its
-    checkpoint stores (TE-3, `ServerArgs.encoder_precision`).
+    checkpoint stores (TE-3, `ServerArgs.precision_or_stored`).
     """
 
     kind = "encoder"
@@ -820,12 +820,10 @@ class EncoderLoader(ComponentLoader):
 
     def precision_for(self, component: ComponentSpec, args: ServerArgs) -> torch.dtype:
         """TE-3: the flags' precision for this encoder, else the floating dtype its checkpoint
-        stores (read from the headers; fp32 for a checkpoint with no floating tensor). A
+        stores (read from the headers; fp32 for a checkpoint with no floating tensor); a
         `vocoder` of the transformers library (AudioLDM 2's `SpeechT5HifiGan`) takes the
-        vocoder's precision, as every vocoder (PREC-1, `ServerArgs.precision_for`)."""
-        if component.name == "vocoder":
-            return args.precision_for(component.name)
-        return args.encoder_precision(component.name, stored=_stored_dtype(component))
+        vocoder's precision (`ServerArgs.precision_or_stored`)."""
+        return args.precision_or_stored(component.name, stored=_stored_dtype(component))
 
     def build_checked(self, request: LoadRequest) -> tuple[nn.Module, Checkpoint]:
         spec = request.component

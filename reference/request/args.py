@@ -338,17 +338,20 @@ class ServerArgs:
         """PREC-1: the dtype component `name` is built in: its own entry of
         `component_precisions`, else `dit_precision` for a DiT component, else `vae_precision`
         (the VAEs and the vocoder). Encoders and components of no named kind default to their
-        checkpoint's dtype instead: `encoder_precision`, `module_precision`."""
+        checkpoint's dtype instead: `precision_or_stored`."""
         key = normalise_component(name)
         if key in self.component_precisions:
             return self.component_precisions[key]
         return self.dit_precision if is_transformer_component(key) else self.vae_precision
 
-    def encoder_precision(self, name: str, *, stored: torch.dtype) -> torch.dtype:
-        """TE-3: the dtype text or image encoder `name` is built in: its own entry of
-        `component_precisions`, else `--image-encoder-precision` for an image encoder, else
-        `--text-encoder-precisions` for a text encoder (its one value, or the value at the
-        encoder's position), else `stored`, the dtype its checkpoint stores (a default load
+    def precision_or_stored(self, name: str, *, stored: torch.dtype) -> torch.dtype:
+        """The dtype a component whose loader defaults to its checkpoint's dtype is built in (a
+        text or image encoder, TE-3; a component of no named kind: LTX-2's `connectors`, a
+        UNet): its own entry of `component_precisions`, else `--image-encoder-precision` for
+        an image encoder, else `--text-encoder-precisions` for a text encoder (its one value,
+        or the value at the encoder's position), else the vocoder's for a `vocoder` (one of
+        the transformers library loads through the encoder loader; PREC-1 gives every vocoder
+        `vae_precision`), else `stored`, the dtype its checkpoint stores (a default load
         converts nothing). The count of `text_encoder_precisions` is checked at admission,
         where the pipeline's text encoders are known."""
         key = normalise_component(name)
@@ -361,13 +364,9 @@ class ServerArgs:
             return (
                 values[0] if len(values) == 1 else values[min(encoder_index(key), len(values) - 1)]
             )
+        if key == "vocoder":
+            return self.vae_precision
         return stored
-
-    def module_precision(self, name: str, *, stored: torch.dtype) -> torch.dtype:
-        """The dtype a component of no named kind (LTX-2's `connectors`, a UNet) is built in:
-        its own entry of `component_precisions`, else `stored`, the dtype its checkpoint
-        stores (a default load converts nothing, as for an encoder: TE-3)."""
-        return self.component_precisions.get(normalise_component(name), stored)
 
     def is_layerwise_offloaded(self, name: str) -> bool:
         """Whether component `name` streams its layers from CPU (DiT components only)."""
