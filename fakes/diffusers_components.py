@@ -72,10 +72,13 @@ class DiffusersModel:
         model.load_state_dict(randomized_state(model, seed))
         return model.eval()
 
-    def write(self, root: Path, *, seed: int = 0) -> Path:
+    def write(self, root: Path, *, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
         """A pipeline folder at `root` whose only component is this model, saved by
-        diffusers' `save_pretrained`. Returns `root`."""
+        diffusers' `save_pretrained` (in `dtype` where given, as built otherwise). Returns
+        `root`."""
         model: Any = self.build(seed)
+        if dtype is not None:
+            model.to(dtype)
         model.save_pretrained(str(root / self.component))
         diffusers = importlib.import_module("diffusers")
         index = {

@@ -69,14 +69,7 @@ def _model_class(model: DiffusersModel) -> type[nn.Module]:
 def _written(model: DiffusersModel, root: Path, dtype: torch.dtype) -> Path:
     """`model` written at `root`, its floating tensors stored in `dtype`."""
     _model_class(model)
-    if dtype == torch.float32:
-        return model.write(root)
-    built: nn.Module = model.build().to(dtype)
-    built.save_pretrained(str(root / model.component))  # type: ignore[operator]
-    (root / "model_index.json").write_text(
-        json.dumps({"_class_name": "P", model.component: [model.library, model.class_name]})
-    )
-    return root
+    return model.write(root, dtype=dtype)
 
 
 def _loaded(
